@@ -1,0 +1,41 @@
+"""torch_tpu: PyTorch's `tpu` device, with every op executed by XLA through JAX.
+
+`import torch` loads this package through PyTorch's device-backend autoload
+(the `torch.backends` entry point); with TORCH_DEVICE_BACKEND_AUTOLOAD=0,
+`import torch_tpu` does the same.
+"""
+
+from __future__ import annotations
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # int64 and float64 tensors must be real
+
+from . import api, device, metrics  # noqa: E402
+from .engine import kernels  # noqa: E402
+
+__all__ = ["api", "metrics", "init"]
+__version__ = "0.1.0"
+
+_initialised = False
+
+
+def init() -> None:
+    """Register the tpu device and its kernels (idempotent)."""
+    global _initialised
+    if _initialised:
+        return
+    device.register()
+    from . import platform
+
+    jax.config.update("jax_default_device", platform.device())
+    kernels.register_all()
+    _initialised = True
+
+
+def _autoload() -> None:
+    """Entry point PyTorch calls at the end of `import torch`."""
+    init()
+
+
+init()

@@ -1,0 +1,305 @@
+"""The `torch.tpu` module: device queries, synchronisation, seeds, memory, streams.
+
+Public names follow torch.cuda and TorchTPU. `torch.tpu.enable_cpu_fallback`
+is a settable module property.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import types
+from dataclasses import dataclass
+
+import jax
+import torch
+
+from . import platform, rng
+from .engine import fallback
+
+_current_device = 0
+_peak_bytes = 0
+
+
+def is_available() -> bool:
+    try:
+        return bool(platform.devices())
+    except RuntimeError:
+        return False
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _lazy_init() -> None:
+    """Called by PyTorch before it touches the device; nothing is lazy here."""
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    """Addressable tpu devices. PyTorch 2.13's Python PrivateUse1 path pins every
+    tensor to index 0 (torch._C._acc.create_empty_tensor), so this is 1."""
+    return 1
+
+
+def current_device() -> int:
+    return _current_device
+
+
+def _index(device) -> int:
+    if isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type != "tpu":
+            raise ValueError(f"expected a tpu device, got {device}")
+        index = 0 if device.index is None else device.index
+    if not 0 <= index < device_count():
+        raise RuntimeError(
+            f"tpu:{index} is not available: this process has {device_count()} tpu device(s)"
+        )
+    return index
+
+
+def set_device(device) -> None:
+    global _current_device
+    _current_device = _index(device)
+
+
+class device:
+    """Context manager that makes the given tpu device current."""
+
+    def __init__(self, device) -> None:
+        self.index = _index(device) if device is not None else None
+        self.previous = None
+
+    def __enter__(self):
+        global _current_device
+        self.previous = _current_device
+        if self.index is not None:
+            _current_device = self.index
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _current_device
+        _current_device = self.previous
+
+
+def synchronize(device=None) -> None:
+    """Wait until every value dispatched to the device has been computed."""
+    for array in jax.live_arrays(platform.platform()):
+        array.block_until_ready()
+
+
+def get_device_name(device=None) -> str:
+    d = platform.device(_index(device if device is not None else _current_device))
+    return f"{d.platform.upper()} ({d.device_kind}) via XLA"
+
+
+@dataclass(frozen=True)
+class _DeviceProperties:
+    name: str
+    platform: str
+    device_kind: str
+    total_memory: int
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    d = platform.device(_index(device if device is not None else _current_device))
+    stats = _pjrt_stats(d)
+    return _DeviceProperties(
+        name=get_device_name(device),
+        platform=d.platform,
+        device_kind=d.device_kind,
+        total_memory=int(stats.get("bytes_limit", 0)) if stats else 0,
+    )
+
+
+def get_device_capability(device=None) -> tuple[int, int]:
+    return (0, 0)
+
+
+def _pjrt_stats(d) -> dict | None:
+    try:
+        return d.memory_stats()
+    except Exception:  # PJRT:CPU raises or returns None: it keeps no allocator stats
+        return None
+
+
+def memory_stats(device=None) -> dict:
+    """PJRT's allocator statistics where the platform reports them; otherwise the
+    bytes held by live arrays, which is what allocated memory means for XLA:CPU."""
+    global _peak_bytes
+    d = platform.device(0)
+    stats = _pjrt_stats(d)
+    if stats:
+        current = int(stats.get("bytes_in_use", 0))
+        peak = int(stats.get("peak_bytes_in_use", current))
+    else:
+        current = sum(a.nbytes for a in jax.live_arrays(platform.platform()))
+        _peak_bytes = max(_peak_bytes, current)
+        peak = _peak_bytes
+        stats = {}
+    return {
+        "allocated_bytes.all.current": current,
+        "allocated_bytes.all.peak": peak,
+        **{f"pjrt.{k}": v for k, v in stats.items()},
+    }
+
+
+def memory_allocated(device=None) -> int:
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None) -> int:
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    global _peak_bytes
+    _peak_bytes = 0
+
+
+def empty_cache() -> None:
+    """XLA frees buffers when their arrays die; nothing is cached to release."""
+
+
+# ------------------------------------------------------------------ random
+
+
+def manual_seed(seed: int) -> None:
+    rng.manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    rng.manual_seed(seed)
+
+
+def seed() -> int:
+    return rng.seed()
+
+
+def seed_all() -> int:
+    return rng.seed()
+
+
+def initial_seed() -> int:
+    return rng.initial_seed()
+
+
+def get_rng_state(device=None) -> torch.Tensor:
+    return rng.get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device=None) -> None:
+    rng.set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [rng.get_state()]
+
+
+def set_rng_state_all(new_states) -> None:
+    rng.set_state(new_states[0])
+
+
+# ----------------------------------------------------------------- streams
+
+
+class Stream:
+    """An XLA device has one in-order queue per executable stream; tpu streams all map
+    onto it, so waiting on one is waiting on the device."""
+
+    def __init__(self, device=None, priority: int = 0) -> None:
+        self.device = torch.device("tpu", _index(device if device is not None else 0))
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def query(self) -> bool:
+        return all(a.is_ready() for a in jax.live_arrays(platform.platform()))
+
+    def wait_event(self, event: Event) -> None:
+        event.synchronize()
+
+    def wait_stream(self, stream: Stream) -> None:
+        stream.synchronize()
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class Event:
+    """Records a point in the device's work; elapsed_time measures between two."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self._time: float | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        synchronize()
+        self._time = time.perf_counter()
+
+    def query(self) -> bool:
+        return self._time is not None
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        synchronize()
+
+    def elapsed_time(self, end: Event) -> float:
+        if not (self.enable_timing and end.enable_timing):
+            raise RuntimeError("Events must be created with enable_timing=True")
+        if self._time is None or end._time is None:
+            raise RuntimeError("both events must be recorded before elapsed_time")
+        return (end._time - self._time) * 1000.0
+
+
+_default_stream = None
+
+
+def default_stream(device=None) -> Stream:
+    global _default_stream
+    if _default_stream is None:
+        _default_stream = Stream()
+    return _default_stream
+
+
+def current_stream(device=None) -> Stream:
+    return default_stream(device)
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None):
+    yield s
+
+
+class _TpuModule(types.ModuleType):
+    """Module type giving torch.tpu its settable properties."""
+
+    @property
+    def enable_cpu_fallback(self) -> bool:
+        return fallback.enabled
+
+    @enable_cpu_fallback.setter
+    def enable_cpu_fallback(self, value: bool) -> None:
+        fallback.enabled = bool(value)
+
+
+sys.modules[__name__].__class__ = _TpuModule

@@ -1,0 +1,69 @@
+"""torch <-> JAX dtype mapping; the one place both type systems meet."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import torch
+
+TORCH_TO_JAX: dict[torch.dtype, jnp.dtype] = {
+    torch.bool: jnp.dtype(jnp.bool_),
+    torch.uint8: jnp.dtype(jnp.uint8),
+    torch.int8: jnp.dtype(jnp.int8),
+    torch.int16: jnp.dtype(jnp.int16),
+    torch.int32: jnp.dtype(jnp.int32),
+    torch.int64: jnp.dtype(jnp.int64),
+    torch.uint16: jnp.dtype(jnp.uint16),
+    torch.uint32: jnp.dtype(jnp.uint32),
+    torch.uint64: jnp.dtype(jnp.uint64),
+    torch.float16: jnp.dtype(jnp.float16),
+    torch.bfloat16: jnp.dtype(jnp.bfloat16),
+    torch.float32: jnp.dtype(jnp.float32),
+    torch.float64: jnp.dtype(jnp.float64),
+    torch.complex64: jnp.dtype(jnp.complex64),
+    torch.complex128: jnp.dtype(jnp.complex128),
+    torch.float8_e4m3fn: jnp.dtype(ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: jnp.dtype(ml_dtypes.float8_e5m2),
+}
+JAX_TO_TORCH: dict[jnp.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+
+# numpy has no bfloat16/float8: torch.from_numpy cannot take those, so host
+# copies travel as same-width integers and are reinterpreted on each side.
+_HOST_CARRIER: dict[torch.dtype, torch.dtype] = {
+    torch.bfloat16: torch.int16,
+    torch.float8_e4m3fn: torch.uint8,
+    torch.float8_e5m2: torch.uint8,
+}
+
+
+def to_jax(dtype: torch.dtype) -> jnp.dtype:
+    """The JAX dtype for a torch dtype; TypeError names the dtype we cannot hold."""
+    try:
+        return TORCH_TO_JAX[dtype]
+    except KeyError:
+        raise TypeError(f"tpu tensors do not support dtype {dtype}") from None
+
+
+def to_torch(dtype) -> torch.dtype:
+    return JAX_TO_TORCH[jnp.dtype(dtype)]
+
+
+def numpy_from_cpu(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor's contiguous data, bfloat16 and float8 included."""
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    carrier = _HOST_CARRIER.get(t.dtype)
+    if carrier is None:
+        return t.numpy()
+    return t.view(carrier).numpy().view(TORCH_TO_JAX[t.dtype])
+
+
+def cpu_from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor holding numpy data of the given torch dtype."""
+    carrier = _HOST_CARRIER.get(dtype)
+    a = np.ascontiguousarray(a)
+    if not a.flags.writeable:
+        a = a.copy()
+    if carrier is None:
+        return torch.from_numpy(a.astype(TORCH_TO_JAX[dtype], copy=False))
+    return torch.from_numpy(a.view(TORCH_TO_JAX[carrier])).view(dtype)

@@ -1,0 +1,387 @@
+"""Strict eager execution: each ATen call runs as one cached, jitted XLA executable.
+
+The executable reads every input tensor through its strides from its
+storage's flat array, applies the lowering, casts each result to the dtype
+PyTorch's own meta kernel gives, and writes in-place results back through
+the target's strides. It is cached by the op, its static arguments and the
+geometry of every input, so a loop compiles once. Dispatch is asynchronous:
+the host waits only when it reads a value.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .. import dtypes, metrics, rng, strided
+from ..ops.registry import Lowering
+from ..tensor import new_tensor, replace_storage, storage_of, view_of
+from .schema import Kind, OpSchema
+
+DEVICE_TYPE = "tpu"
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How one registered overload maps onto a lowering."""
+
+    schema: OpSchema
+    lowering: Lowering
+    lowering_args: tuple[int, ...]  # which schema args the lowering receives
+    targets: tuple[int | None, ...]  # per lowering output: the arg it is written into, or None
+    kinds: tuple[Kind, ...] = field(default=())
+
+
+def make_spec(schema: OpSchema, lowering: Lowering, lowering_args=None, targets=None) -> OpSpec:
+    if lowering_args is None:
+        lowering_args = tuple(range(len(schema.args)))
+    if targets is None:
+        names = [a.name for a in schema.args]
+        targets = tuple(schema.return_aliases) + tuple(names.index(w) for w in lowering.writes)
+    kinds = tuple(
+        Kind.STATIC if (a.kind is Kind.SCALAR and lowering.static_scalars) else a.kind
+        for a in schema.args
+    )
+    return OpSpec(schema, lowering, tuple(lowering_args), tuple(targets), kinds)
+
+
+class _Inputs:
+    """The storages one call touches, deduplicated, and the cache key being built."""
+
+    __slots__ = ("storages", "slots", "dynamic")
+
+    def __init__(self) -> None:
+        self.storages: list = []
+        self.slots: dict[int, int] = {}
+        self.dynamic: list = []
+
+    def tensor(self, t: torch.Tensor):
+        if t.device.type != DEVICE_TYPE:
+            if t.device.type == "cpu" and t.dim() == 0:
+                t = upload(t)
+            else:
+                raise RuntimeError(
+                    "Expected all tensors to be on the same device, but found at least two "
+                    f"devices, {DEVICE_TYPE}:0 and {t.device}!"
+                )
+        storage = storage_of(t)
+        slot = self.slots.get(id(storage))
+        if slot is None:
+            slot = self.slots[id(storage)] = len(self.storages)
+            self.storages.append(storage)
+        return (slot, view_of(t, storage))
+
+
+def _static(value):
+    if isinstance(value, list):
+        return tuple(_static(v) for v in value)
+    if isinstance(value, torch.Generator):
+        return None  # tpu randomness comes from torch_tpu.rng; the generator is not used
+    return value
+
+
+def _layout(spec: OpSpec, values: list, inputs: _Inputs) -> tuple:
+    """Per schema arg, its hashable description: tensor (slot, view), scalar type, or value."""
+    layout = []
+    for kind, value in zip(spec.kinds, values):
+        if value is None:
+            layout.append(None)
+        elif kind is Kind.TENSOR or kind is Kind.OPT_TENSOR:
+            layout.append(("t", inputs.tensor(value)))
+        elif kind is Kind.TENSOR_LIST:
+            layout.append(
+                ("l", tuple(None if t is None else inputs.tensor(t) for t in value))
+            )
+        elif kind is Kind.SCALAR:
+            layout.append(("s", len(inputs.dynamic), type(value)))
+            inputs.dynamic.append(value)
+        else:
+            layout.append(("v", _static(value)))
+    return tuple(layout)
+
+
+@dataclass
+class _Executable:
+    fn: object  # jitted (storage arrays, dynamic scalars, rng inputs) -> (fresh, written)
+    fresh: tuple  # per fresh output: (shape, torch dtype) or a list of them
+    written_slots: tuple[int, ...]
+    resize: dict  # arg index -> shape that out= arguments must be resized to first
+
+
+_CACHE: dict[tuple, _Executable] = {}
+
+
+def run(spec: OpSpec, args: tuple, kwargs: dict):
+    """Execute one ATen call on tpu tensors; returns what the op returns."""
+    values = spec.schema.bind(args, kwargs)
+    inputs = _Inputs()
+    layout = _layout(spec, values, inputs)
+    key = (spec, layout)
+    entry = _CACHE.get(key)
+    metrics.count("ops_dispatched")
+    if entry is None:
+        if spec.lowering.dynamic_shape:
+            return _run_unjitted(spec, values, layout, inputs)
+        entry = _build(spec, values, layout)
+        if entry.resize:
+            for index, shape in entry.resize.items():
+                replace_storage(values[index], shape)
+            return run(spec, args, kwargs)
+        _CACHE[key] = entry
+        start = time.perf_counter()
+        result = _call(spec, entry, values, inputs)
+        metrics.record_compile(time.perf_counter() - start)
+        return result
+    metrics.count("cache_hits")
+    return _call(spec, entry, values, inputs)
+
+
+def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
+    arrays = tuple(s.array() for s in inputs.storages)
+    key_inputs = rng.next_key_inputs() if spec.lowering.random else (0, 0)
+    fresh, written = entry.fn(arrays, tuple(inputs.dynamic), key_inputs)
+    for slot, value in zip(entry.written_slots, written):
+        inputs.storages[slot].value = value
+    tensors = [_wrap(meta, value) for meta, value in zip(entry.fresh, fresh)]
+    return _returns(spec, values, tensors)
+
+
+def _wrap(meta, value):
+    if isinstance(meta, list):
+        return [_wrap(m, v) for m, v in zip(meta, value)]
+    shape, dtype = meta
+    return new_tensor(shape, dtype, value)
+
+
+def _returns(spec: OpSpec, values: list, fresh: list):
+    """The op's return value: aliased args as themselves, the rest fresh tensors in order."""
+    fresh_iter = iter(fresh)
+    out = []
+    for alias in spec.schema.return_aliases:
+        out.append(values[alias] if alias is not None else next(fresh_iter))
+    if len(out) == 1:
+        return out[0]
+    return tuple(out) if out else None
+
+
+# ---------------------------------------------------------------- building
+
+
+def _to_meta(value):
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(
+            value.shape, value.stride(), dtype=value.dtype, device="meta"
+        )
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_meta(v) for v in value)
+    if isinstance(value, torch.device) and value.type == DEVICE_TYPE:
+        return torch.device("meta")
+    if isinstance(value, str) and value.startswith(DEVICE_TYPE):
+        return torch.device("meta")
+    return value
+
+
+def _meta_run(spec: OpSpec, values: list):
+    """Run the op on meta tensors: PyTorch's own shapes, dtypes and input checks."""
+    meta_values = [_to_meta(v) for v in values]
+    args = [v for a, v in zip(spec.schema.args, meta_values) if not a.kwarg_only]
+    kwargs = {a.name: v for a, v in zip(spec.schema.args, meta_values) if a.kwarg_only}
+    result = spec.schema.op(*args, **kwargs)
+    return meta_values, result
+
+
+def _describe(t) -> object:
+    if isinstance(t, (list, tuple)):
+        return [_describe(x) for x in t]
+    return (tuple(t.shape), t.dtype)
+
+
+def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
+    try:
+        meta_values, result = _meta_run(spec, values)
+    except NotImplementedError:
+        meta_values, result = None, None
+    n_returns = len(spec.schema.return_aliases)
+    results = result if isinstance(result, tuple) else (result,)
+    if n_returns == 0:
+        results = ()
+    resize = {}
+    fresh_meta = []
+    if meta_values is not None:
+        for k, target in enumerate(spec.targets):
+            if target is None:
+                fresh_meta.append(_describe(results[k]))
+            elif isinstance(values[target], torch.Tensor):
+                want = tuple(meta_values[target].shape)
+                if want != tuple(values[target].shape):
+                    resize[target] = want
+        if resize:
+            return _Executable(None, (), (), resize)
+    else:
+        fresh_meta = _eval_shapes(spec, layout)
+    written = []
+    for target in spec.targets:
+        if target is not None and layout[target] is not None:
+            entry = layout[target]
+            refs = [entry[1]] if entry[0] == "t" else [r for r in entry[1] if r is not None]
+            written.extend(slot for slot, _ in refs if slot not in written)
+    fn = jax.jit(_program(spec, layout, fresh_meta, tuple(written)))
+    return _Executable(fn, tuple(fresh_meta), tuple(written), {})
+
+
+def _eval_shapes(spec: OpSpec, layout: tuple) -> list:
+    """Output metadata from the lowering itself, for ops PyTorch has no meta kernel for."""
+    program = _program(spec, layout, None, ())
+    shapes = jax.eval_shape(program, _abstract_storages(layout), _abstract_dynamic(layout), (0, 0))
+    return [_meta_of(s) for s in shapes[0]]
+
+
+def _meta_of(s):
+    if isinstance(s, (list, tuple)):
+        return [_meta_of(x) for x in s]
+    return (tuple(s.shape), dtypes.to_torch(s.dtype))
+
+
+def _abstract_storages(layout):
+    views = {}
+    for entry in layout:
+        if entry is None:
+            continue
+        if entry[0] == "t":
+            views[entry[1][0]] = entry[1][1]
+        elif entry[0] == "l":
+            for ref in entry[1]:
+                if ref is not None:
+                    views[ref[0]] = ref[1]
+    return tuple(
+        jax.ShapeDtypeStruct((views[s].storage_numel,), views[s].storage_dtype)
+        for s in range(len(views))
+    )
+
+
+def _abstract_dynamic(layout):
+    return tuple(e[2](0) for e in layout if e is not None and e[0] == "s")
+
+
+def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
+    """The pure function that becomes one XLA executable for this call's geometry."""
+    lowering = spec.lowering
+
+    def program(storages, dynamic, key_inputs):
+        reads = {}
+
+        def value(ref):
+            if ref is None:
+                return None
+            if ref not in reads:
+                slot, view = ref
+                reads[ref] = strided.read(storages[slot], view)
+            return reads[ref]
+
+        def arg(entry):
+            if entry is None:
+                return None
+            tag = entry[0]
+            if tag == "t":
+                return value(entry[1])
+            if tag == "l":
+                return [value(r) for r in entry[1]]
+            if tag == "s":
+                return dynamic[entry[1]]
+            return entry[1]
+
+        lowering_inputs = [arg(layout[i]) for i in spec.lowering_args]
+        if lowering.random:
+            lowering_inputs.insert(0, rng.make_key(*key_inputs))
+        outputs = lowering.fn(*lowering_inputs)
+        if len(spec.targets) == 1 or not isinstance(outputs, (tuple, list)):
+            outputs = (outputs,)
+        fresh = []
+        new = {}
+        fresh_index = 0
+        for out, target in zip(outputs, spec.targets):
+            if target is None:
+                meta = None if fresh_meta is None else fresh_meta[fresh_index]
+                fresh.append(_finish(out, meta, spec))
+                fresh_index += 1
+                continue
+            entry = layout[target]
+            if entry is None:
+                continue
+            refs = [entry[1]] if entry[0] == "t" else entry[1]
+            outs = [out] if entry[0] == "t" else out
+            for ref, val in zip(refs, outs):
+                slot, view = ref
+                base = new.get(slot, storages[slot])
+                new[slot] = strided.write(base, view, jnp.asarray(val))
+        return fresh, tuple(new[s] for s in written_slots)
+
+    return program
+
+
+def _finish(out, meta, spec: OpSpec):
+    """A fresh output as a flat array of PyTorch's dtype, after checking its shape."""
+    if isinstance(out, (list, tuple)):
+        metas = meta if meta is not None else [None] * len(out)
+        return [_finish(o, m, spec) for o, m in zip(out, metas)]
+    out = jnp.asarray(out)
+    if meta is None:
+        return out.reshape(-1)
+    shape, dtype = meta
+    if tuple(out.shape) != shape:
+        raise RuntimeError(
+            f"tpu lowering of {spec.schema.name} produced shape {tuple(out.shape)}, "
+            f"PyTorch expects {shape}"
+        )
+    return out.astype(dtypes.TORCH_TO_JAX[dtype]).reshape(-1)
+
+
+# ----------------------------------------------------- data-dependent shapes
+
+
+def _run_unjitted(spec: OpSpec, values: list, layout: tuple, inputs: _Inputs):
+    """Ops whose output shape depends on values (nonzero, unique): run op by op on
+    concrete arrays, syncing with the device, as a TPU must."""
+    metrics.count("host_syncs")
+    arrays = tuple(s.array() for s in inputs.storages)
+    key_inputs = rng.next_key_inputs() if spec.lowering.random else (0, 0)
+    program = _program(spec, layout, None, ())
+    fresh, _ = program(arrays, tuple(inputs.dynamic), key_inputs)
+    tensors = [_wrap(_meta_of(f), f) for f in fresh]
+    return _returns(spec, values, tensors)
+
+
+# ------------------------------------------------------------- host copies
+
+
+def upload(cpu: torch.Tensor) -> torch.Tensor:
+    """A tpu copy of a CPU tensor (contiguous)."""
+    from .. import platform
+
+    array = jax.device_put(dtypes.numpy_from_cpu(cpu).reshape(-1), platform.device())
+    return new_tensor(tuple(cpu.shape), cpu.dtype, array)
+
+
+_READERS: dict = {}
+
+
+def device_value(t: torch.Tensor):
+    """The tensor's value as a JAX array of its shape (dispatched, not waited for)."""
+    storage = storage_of(t)
+    view = view_of(t, storage)
+    reader = _READERS.get(view)
+    if reader is None:
+        reader = _READERS[view] = jax.jit(lambda flat: strided.read(flat, view))
+    return reader(storage.array())
+
+
+def download(t: torch.Tensor):
+    """The tensor's value on the host as a numpy array (waits for the device)."""
+    import numpy as np
+
+    metrics.count("host_syncs")
+    return np.asarray(device_value(t))

@@ -1,0 +1,98 @@
+"""The CPU fallback: an op with no lowering and no decomposition copies its tpu
+inputs to the host, runs PyTorch's CPU kernel, and copies results back.
+
+Counted per op in torch_tpu.metrics and warned once per op; with
+`torch.tpu.enable_cpu_fallback = False` it raises NotImplementedError naming
+the op instead.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .. import metrics
+
+DEVICE_TYPE = "tpu"
+enabled: bool = True
+_warned: set[str] = set()
+_lib = torch.library.Library("_", "IMPL")
+
+
+def _op_name(op) -> str:
+    return f"{op._schema.name}.{op._overloadname}"
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor) and value.device.type == DEVICE_TYPE:
+        return value.cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, torch.device) and value.type == DEVICE_TYPE:
+        return torch.device("cpu")
+    return value
+
+
+def _to_tpu(value):
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+        return value.to(DEVICE_TYPE)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_tpu(v) for v in value)
+    return value
+
+
+def run_on_cpu(op, args: tuple, kwargs: dict):
+    """Run op's CPU kernel on host copies; write mutated arguments back."""
+    name = _op_name(op)
+    if not enabled:
+        raise NotImplementedError(
+            f"{name} has no tpu lowering and the CPU fallback is disabled "
+            "(torch.tpu.enable_cpu_fallback = False)"
+        )
+    metrics.record_fallback(name)
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"{name} has no tpu lowering: running it on the CPU (copies to host and back)",
+            stacklevel=3,
+        )
+    cpu_args = _to_cpu(args)
+    cpu_kwargs = {k: _to_cpu(v) for k, v in kwargs.items()}
+    result = op(*cpu_args, **cpu_kwargs)
+    schema = op._schema
+    written = {}
+    for i, arg in enumerate(schema.arguments):
+        if not (arg.alias_info and arg.alias_info.is_write):
+            continue
+        if i < len(args):
+            original, host = args[i], cpu_args[i]
+        elif arg.name in kwargs:
+            original, host = kwargs[arg.name], cpu_kwargs[arg.name]
+        else:
+            continue
+        pairs = zip(original, host) if isinstance(original, (list, tuple)) else [(original, host)]
+        for tpu_t, cpu_t in pairs:
+            if isinstance(tpu_t, torch.Tensor) and tpu_t.device.type == DEVICE_TYPE:
+                if tpu_t.shape != cpu_t.shape:
+                    tpu_t.resize_(cpu_t.shape)
+                tpu_t.copy_(cpu_t)
+                written[id(cpu_t)] = tpu_t
+    return _map_result(result, written)
+
+
+def _map_result(result, written):
+    if isinstance(result, torch.Tensor):
+        target = written.get(id(result))
+        return target if target is not None else _to_tpu(result)
+    if isinstance(result, (list, tuple)):
+        return type(result)(_map_result(r, written) for r in result)
+    return result
+
+
+def _fallback_kernel(op, *args, **kwargs):
+    return run_on_cpu(op, args, kwargs)
+
+
+def install() -> None:
+    _lib.fallback(_fallback_kernel, "PrivateUse1")

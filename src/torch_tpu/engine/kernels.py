@@ -1,0 +1,276 @@
+"""Registers tpu kernels with PyTorch's dispatcher.
+
+Every lowering in the registry becomes the PrivateUse1 kernel of its
+overload, and also of the overload's in-place and out= variants unless those
+have lowerings of their own. View ops reuse PyTorch's own stride arithmetic
+(the CPU kernel touches only metadata). Ops without a lowering run a PyTorch
+decomposition where one exists, else the CPU fallback.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .. import dtypes
+from ..ops.registry import LOWERINGS, Lowering
+from ..tensor import new_tensor, replace_storage
+from . import executor, fallback
+from .schema import parse
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_COMPOSITE = (
+    "CompositeImplicitAutograd",
+    "CompositeExplicitAutograd",
+    "CompositeExplicitAutogradNonFunctional",
+)
+# Ops whose CPU kernel only computes sizes and strides: PyTorch's own view logic serves us.
+_METADATA_OPS = (
+    "view.default",
+    "_reshape_alias.default",
+    "as_strided.default",
+    "unfold.default",
+    "view_as_real.default",
+    "view_as_complex.default",
+    "set_.source_Storage",
+    "set_.source_Storage_storage_offset",
+    "set_.source_Tensor",
+    "set_.source_Tensor_storage_offset",
+)
+
+_lib = torch.library.Library("aten", "IMPL")
+_registered: set[str] = set()
+
+
+def overload(name: str) -> torch._ops.OpOverload:
+    packet, _, ovl = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), ovl or "default")
+
+
+def _has(name: str, key: str) -> bool:
+    packet, _, ovl = name.partition(".")
+    full = f"aten::{packet}" + ("" if ovl == "default" else f".{ovl}")
+    return torch._C._dispatch_has_kernel_for_dispatch_key(full, key)
+
+
+def _impl(name: str, kernel) -> None:
+    _lib.impl(name.removesuffix(".default"), kernel, "PrivateUse1")
+    _registered.add(name if "." in name else f"{name}.default")
+
+
+def _register_spec(name: str, spec: executor.OpSpec) -> None:
+    def kernel(*args, **kwargs):
+        return executor.run(spec, args, kwargs)
+
+    kernel.__name__ = f"tpu_{name.replace('.', '_')}"
+    _impl(name, kernel)
+
+
+def _register_lowering(name: str, lowering: Lowering) -> None:
+    if _has(name, "CompositeImplicitAutograd"):
+        raise RuntimeError(
+            f"aten::{name} is CompositeImplicitAutograd: PyTorch decomposes it before it "
+            "reaches a backend, so a lowering would bypass autograd; lower its parts instead"
+        )
+    op = overload(name)
+    _register_spec(name, executor.make_spec(parse(op), lowering))
+    _register_variants(name, op, lowering)
+
+
+def _register_variants(name: str, op, lowering: Lowering) -> None:
+    """The in-place and out= overloads of a functional op, derived from its lowering."""
+    packet_name, _, ovl = name.partition(".")
+    functional = op._schema
+    signature = [(a.name, str(a.type)) for a in functional.arguments]
+    candidates = []
+    inplace_packet = getattr(torch.ops.aten, packet_name + "_", None)
+    if inplace_packet is not None and ovl in inplace_packet.overloads():
+        candidates.append(f"{packet_name}_.{ovl}")
+    packet = getattr(torch.ops.aten, packet_name)
+    for other in packet.overloads():
+        if other != ovl:
+            candidates.append(f"{packet_name}.{other}")
+    for candidate in candidates:
+        if candidate in LOWERINGS or candidate in _registered:
+            continue
+        variant = overload(candidate)
+        schema = variant._schema
+        args = list(schema.arguments)
+        written = [i for i, a in enumerate(args) if a.alias_info and a.alias_info.is_write]
+        if not written:
+            continue
+        kept = [i for i in range(len(args)) if not args[i].is_out]
+        if [(args[i].name, str(args[i].type).replace("Tensor(a!)", "Tensor")) for i in kept] != (
+            signature
+        ):
+            continue
+        outs = [i for i in range(len(args)) if args[i].is_out]
+        if outs:
+            if len(outs) != len(functional.returns):
+                continue
+            spec = executor.make_spec(parse(variant), lowering, tuple(kept), tuple(outs))
+        else:
+            if len(functional.returns) != 1 or written != [0]:
+                continue
+            spec = executor.make_spec(parse(variant), lowering, None, (0,))
+        if _has(candidate, "CompositeImplicitAutograd"):
+            continue
+        _register_spec(candidate, spec)
+
+
+# ------------------------------------------------------------ special kernels
+
+
+def _check_device(device) -> None:
+    if device is None:
+        return
+    device = torch.device(device)
+    from .. import api
+
+    if device.index is not None and device.index >= api.device_count():
+        raise RuntimeError(
+            f"{device} is not available: this process has {api.device_count()} tpu device(s)"
+        )
+
+
+def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _check_device(device)
+    return new_tensor(tuple(size), dtype or torch.get_default_dtype(), None)
+
+
+def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_device(device)
+    return new_tensor(tuple(size), dtype or torch.get_default_dtype(), None, tuple(stride))
+
+
+def _resize(self, size, memory_format=None):
+    size = tuple(size)
+    if tuple(self.shape) != size:
+        old = self.detach().clone() if self.numel() else None
+        replace_storage(self, size)
+        if old is not None and self.numel():
+            # PyTorch keeps the leading elements when a tensor grows or shrinks.
+            keep = min(old.numel(), self.numel())
+            self.view(-1)[:keep].copy_(old.reshape(-1)[:keep])
+    return self
+
+
+def _set_empty(self):
+    replace_storage(self, (0,))
+    return self
+
+
+_COPY = None
+
+
+def _copy(self, src, non_blocking=False):
+    if self.device.type == executor.DEVICE_TYPE:
+        if src.device.type != executor.DEVICE_TYPE:
+            src = executor.upload(src.to(self.dtype) if src.dtype != self.dtype else src)
+        return executor.run(_COPY, (self, src, non_blocking), {})
+    # tpu -> host
+    host = dtypes.cpu_from_numpy(executor.download(src), src.dtype)
+    self.copy_(host)
+    return self
+
+
+def _copy_from(self, dst, non_blocking=False):
+    return _copy(dst, self, non_blocking)
+
+
+def _copy_from_and_resize(self, dst):
+    if tuple(dst.shape) != tuple(self.shape):
+        dst.resize_(self.shape)
+    return _copy(dst, self)
+
+
+def _local_scalar_dense(self):
+    return executor.download(self).item()
+
+
+def _equal(self, other):
+    if self.shape != other.shape:
+        return False
+    return bool(torch.eq(self, other).all().item())
+
+
+def _record_stream(self, stream):
+    return None
+
+
+def _register_specials() -> None:
+    global _COPY
+    from ..ops.registry import Lowering as _L
+
+    _COPY = executor.make_spec(
+        parse(torch.ops.aten.copy_.default),
+        _L("copy_.default", lambda self, src, non_blocking: src),
+    )
+    _impl("empty.memory_format", _empty)
+    _impl("empty_strided", _empty_strided)
+    _impl("resize_", _resize)
+    _impl("set_", _set_empty)
+    _impl("copy_", _copy)
+    _impl("_copy_from", _copy_from)
+    _impl("_copy_from_and_resize", _copy_from_and_resize)
+    _impl("_local_scalar_dense", _local_scalar_dense)
+    _impl("equal", _equal)
+    _impl("record_stream", _record_stream)
+    for name in _METADATA_OPS:
+        op = overload(name)
+
+        def metadata_kernel(*args, _op=op, **kwargs):
+            return _op.redispatch(_CPU_KEYS, *args, **kwargs)
+
+        _impl(name, metadata_kernel)
+
+
+# -------------------------------------------------------------- decompositions
+
+_in_decomposition = threading.local()
+
+
+def _register_decompositions() -> None:
+    """Backend-specific ops with no lowering but a PyTorch decomposition run that
+    decomposition (into ops we lower) instead of falling back to the CPU."""
+    from torch._decomp import decomposition_table
+
+    for op, decomposition in list(decomposition_table.items()):
+        if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+            continue
+        name = f"{op._schema.name.removeprefix('aten::')}.{op._overloadname}"
+        if name in _registered or name in LOWERINGS:
+            continue
+        if any(_has(name, key) for key in _COMPOSITE) or not _has(name, "CPU"):
+            continue
+
+        def kernel(*args, _op=op, _decomposition=decomposition, _name=name, **kwargs):
+            active = getattr(_in_decomposition, "ops", None)
+            if active is None:
+                active = _in_decomposition.ops = set()
+            if _name in active:  # the decomposition calls the op itself
+                return fallback.run_on_cpu(_op, args, kwargs)
+            active.add(_name)
+            try:
+                return _decomposition(*args, **kwargs)
+            finally:
+                active.discard(_name)
+
+        _impl(name, kernel)
+        DECOMPOSED.add(name)
+
+
+DECOMPOSED: set[str] = set()
+
+
+def register_all() -> None:
+    """Install every tpu kernel; called once when torch_tpu initialises."""
+    from .. import ops  # noqa: F401  (imports every op family, filling the registry)
+
+    _register_specials()
+    for name, lowering in sorted(LOWERINGS.items()):
+        if name not in _registered:
+            _register_lowering(name, lowering)
+    _register_decompositions()
+    fallback.install()

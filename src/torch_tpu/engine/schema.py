@@ -1,0 +1,81 @@
+"""What the executor needs to know about one ATen overload's schema, computed once."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+
+class Kind(enum.Enum):
+    TENSOR = "tensor"
+    OPT_TENSOR = "optional tensor"
+    TENSOR_LIST = "tensor list"  # also Tensor?[]
+    SCALAR = "scalar"  # a runtime value unless the lowering wants it static
+    STATIC = "static"  # ints, shapes, dtypes, flags: part of the cache key
+
+
+_KINDS = {
+    "Tensor": Kind.TENSOR,
+    "Optional[Tensor]": Kind.OPT_TENSOR,
+    "List[Tensor]": Kind.TENSOR_LIST,
+    "List[Optional[Tensor]]": Kind.TENSOR_LIST,
+    "number": Kind.SCALAR,
+    "Optional[number]": Kind.SCALAR,
+}
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    kind: Kind
+    kwarg_only: bool
+    has_default: bool
+    default: object
+    written: bool  # the schema marks it (a!)
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    op: torch._ops.OpOverload
+    args: tuple[Arg, ...]
+    return_aliases: tuple[int | None, ...]  # per return: index of the arg it aliases
+    tensor_returns: bool  # every return is a Tensor (or Tensor[])
+
+    @property
+    def name(self) -> str:
+        return f"aten::{self.op._schema.name.removeprefix('aten::')}.{self.op._overloadname}"
+
+    def bind(self, args: tuple, kwargs: dict) -> list:
+        """All argument values in schema order, defaults filled in."""
+        values = list(args)
+        for arg in self.args[len(args) :]:
+            if arg.name in kwargs:
+                values.append(kwargs[arg.name])
+            elif arg.has_default:
+                values.append(arg.default)
+            else:
+                raise TypeError(f"{self.name}() missing argument {arg.name!r}")
+        return values
+
+
+def parse(op: torch._ops.OpOverload) -> OpSchema:
+    schema = op._schema
+    args = []
+    for a in schema.arguments:
+        kind = _KINDS.get(str(a.type), Kind.STATIC)
+        written = bool(a.alias_info and a.alias_info.is_write)
+        args.append(
+            Arg(a.name, kind, a.kwarg_only, a.has_default_value(), a.default_value, written)
+        )
+    aliases = []
+    for r in schema.returns:
+        target = None
+        if r.alias_info is not None and r.alias_info.is_write:
+            for i, a in enumerate(schema.arguments):
+                if a.alias_info is not None and a.alias_info.before_set == r.alias_info.before_set:
+                    target = i
+        aliases.append(target)
+    tensor_returns = all(str(r.type) in ("Tensor", "List[Tensor]") for r in schema.returns)
+    return OpSchema(op, tuple(args), tuple(aliases), tensor_returns)

@@ -1,0 +1,3 @@
+"""Lowerings: indexing family."""
+
+from __future__ import annotations

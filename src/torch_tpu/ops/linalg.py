@@ -1,0 +1,3 @@
+"""Lowerings: linalg family."""
+
+from __future__ import annotations

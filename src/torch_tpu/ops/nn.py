@@ -1,0 +1,3 @@
+"""Lowerings: nn family."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Lowerings: random family."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Lowerings: reduction family."""
+
+from __future__ import annotations

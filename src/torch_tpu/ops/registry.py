@@ -1,0 +1,55 @@
+"""The one registry of ATen lowerings.
+
+A lowering is a pure function from JAX arrays (and static Python values) to
+JAX arrays. It receives the op's arguments in schema order — tensors as
+arrays, Scalars as (possibly traced) numbers, everything else as the Python
+value — and returns one value per schema return, followed by the new value
+of each argument listed in `writes` (arguments the op mutates without saying
+so in its schema, like native_batch_norm's running statistics). It knows
+nothing about execution modes: strict eager, fused eager and torch.compile
+all call the same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Lowering:
+    name: str  # "add.Tensor": an aten overload, "default" for the plain name
+    fn: Callable
+    static_scalars: bool = False  # Scalars are compile-time constants (arange's bounds)
+    random: bool = False  # fn takes a jax PRNG key as its first argument
+    dynamic_shape: bool = False  # output shape depends on values: runs un-jitted
+    writes: tuple[str, ...] = ()  # arguments mutated although the schema does not say so
+
+
+LOWERINGS: dict[str, Lowering] = {}
+
+
+def canonical(name: str) -> str:
+    """'aten::relu' and 'relu' -> 'relu.default'; 'add.Tensor' stays."""
+    name = name.removeprefix("aten::")
+    return name if "." in name else f"{name}.default"
+
+
+def lower(
+    *names: str,
+    static_scalars: bool = False,
+    random: bool = False,
+    dynamic_shape: bool = False,
+    writes: tuple[str, ...] = (),
+) -> Callable[[Callable], Callable]:
+    """Register fn as the lowering of each named aten overload."""
+
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            key = canonical(name)
+            if key in LOWERINGS:
+                raise ValueError(f"aten::{key} is lowered twice")
+            LOWERINGS[key] = Lowering(key, fn, static_scalars, random, dynamic_shape, writes)
+        return fn
+
+    return register

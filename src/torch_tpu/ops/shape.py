@@ -1,0 +1,3 @@
+"""Lowerings: shape family."""
+
+from __future__ import annotations

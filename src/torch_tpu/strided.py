@@ -1,0 +1,122 @@
+"""Reading and writing a strided view of a flat storage array, in pure JAX.
+
+A tpu storage holds one flat array; a tensor is (shape, strides, offset) into
+it, exactly as on CPU. These functions run inside jitted executables, so the
+common layouts (contiguous, permuted, broadcast) cost a reshape or transpose,
+and only irregular ones pay for a gather or scatter.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import lax
+
+
+class View(NamedTuple):
+    """The static geometry of one tensor over its storage; hashable, part of cache keys."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    dtype: object  # jnp dtype of the tensor
+    storage_numel: int
+    storage_dtype: object  # jnp dtype of the flat storage array
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def storage_span(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> int:
+    """Elements a storage needs to back this geometry."""
+    if any(s == 0 for s in shape):
+        return offset
+    return offset + 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+
+
+def _reinterpret(flat, src, dst):
+    """The flat storage seen as another dtype (view(dtype), view_as_real)."""
+    if src == dst:
+        return flat
+    if jnp.issubdtype(src, jnp.complexfloating) and not jnp.issubdtype(dst, jnp.complexfloating):
+        parts = jnp.stack([flat.real, flat.imag], axis=-1).reshape(-1)
+        return _reinterpret(parts, parts.dtype, dst)
+    if jnp.issubdtype(dst, jnp.complexfloating):
+        part = jnp.dtype(jnp.float32 if dst == jnp.complex64 else jnp.float64)
+        pairs = _reinterpret(flat, src, part).reshape(-1, 2)
+        return lax.complex(pairs[:, 0], pairs[:, 1])
+    if src.itemsize == dst.itemsize:
+        return lax.bitcast_convert_type(flat, dst)
+    if src.itemsize > dst.itemsize:
+        return lax.bitcast_convert_type(flat, dst).reshape(-1)
+    ratio = dst.itemsize // src.itemsize
+    return lax.bitcast_convert_type(flat.reshape(-1, ratio), dst)
+
+
+def _dense_plan(view: View):
+    """(start, permuted shape, permutation) when the view is a permutation of a
+    dense block (after dropping broadcast dims), else None."""
+    dims = [d for d, n in enumerate(view.shape) if n != 1 and view.strides[d] != 0]
+    order = sorted(dims, key=lambda d: -view.strides[d])
+    step = 1
+    for d in reversed(order):
+        if view.strides[d] != step:
+            return None
+        step *= view.shape[d]
+    return order
+
+
+def _indices(view: View):
+    idx = jnp.full(view.shape, view.offset, dtype=jnp.int64)
+    for d, (n, s) in enumerate(zip(view.shape, view.strides)):
+        if n != 1 and s != 0:
+            idx = idx + lax.broadcasted_iota(jnp.int64, view.shape, d) * s
+    return idx
+
+
+def read(flat, view: View):
+    """The tensor's value: an array of view.shape and view.dtype."""
+    numel = math.prod(view.shape)
+    if numel == 0:
+        return jnp.zeros(view.shape, view.dtype)
+    flat = _reinterpret(flat, view.storage_dtype, view.dtype)
+    order = _dense_plan(view)
+    if order is None:
+        return flat[_indices(view)]
+    dense_numel = math.prod(view.shape[d] for d in order)
+    block = flat
+    if view.offset != 0 or dense_numel != flat.shape[0]:
+        block = lax.slice(flat, (view.offset,), (view.offset + dense_numel,))
+    block = block.reshape([view.shape[d] for d in order])
+    # Put the dense dims back in their places, then broadcast the rest.
+    kept = sorted(order)
+    block = jnp.transpose(block, [order.index(d) for d in kept])
+    squeezed = [view.shape[d] if d in kept else 1 for d in range(len(view.shape))]
+    return jnp.broadcast_to(block.reshape(squeezed), view.shape)
+
+
+def write(flat, view: View, value):
+    """The flat storage after writing value (broadcast to view.shape) through the view."""
+    if math.prod(view.shape) == 0:
+        return flat
+    value = jnp.broadcast_to(value.astype(view.dtype), view.shape)
+    typed = _reinterpret(flat, view.storage_dtype, view.dtype)
+    order = _dense_plan(view)
+    if order is not None and len(order) == sum(1 for n in view.shape if n != 1):
+        kept = sorted(order)
+        dense = value.reshape([view.shape[d] for d in kept])
+        dense = jnp.transpose(dense, [kept.index(d) for d in order]).reshape(-1)
+        if dense.shape[0] == typed.shape[0]:
+            typed = dense
+        else:
+            typed = lax.dynamic_update_slice(typed, dense, (view.offset,))
+    else:
+        typed = typed.at[_indices(view).reshape(-1)].set(value.reshape(-1))
+    return _reinterpret(typed, view.dtype, view.storage_dtype)

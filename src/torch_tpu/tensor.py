@@ -1,0 +1,122 @@
+"""The tpu tensor payload.
+
+A tpu tensor is a genuine PrivateUse1 tensor whose sizes, strides and storage
+offset are real, as on CPU; its storage carries a `Storage` holding one flat
+JAX array. Views share the storage, so a write through any alias is seen by
+all of them, and the storage is the single source of truth.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from . import dtypes, platform
+from .strided import View, contiguous_strides, storage_span
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset.redispatch
+_create_empty = torch._C._acc.create_empty_tensor
+_storage_at = torch._C._construct_storage_from_data_pointer
+DEVICE = torch.device("privateuseone", 0)
+
+# Storages get distinct fake addresses so that data_ptr()-based alias checks in
+# PyTorch (DDP buckets, FSDP, AOTAutograd) see what they would on a real device.
+# Nothing ever dereferences them: every op on these tensors goes through us.
+_next_address = 1 << 44
+
+
+def _attach_storage(t: torch.Tensor, shape, strides, dtype: torch.dtype, value) -> None:
+    """Back t with a new storage of the given geometry whose flat array is value."""
+    global _next_address
+    numel = storage_span(shape, strides, 0)
+    nbytes = numel * dtype.itemsize
+    storage = _storage_at(_next_address, DEVICE, nbytes)
+    _next_address += (nbytes + 4095) // 4096 * 4096 + 4096
+    _set_storage(_CPU_KEYS, t, storage, 0, shape, strides)
+    storage._tpu = Storage(value, numel, dtypes.to_jax(dtype))
+
+
+class Storage:
+    """The value behind one tpu storage: a flat JAX array, or None while never written."""
+
+    __slots__ = ("value", "numel", "dtype")
+
+    def __init__(self, value, numel: int, dtype) -> None:
+        self.value = value
+        self.numel = numel
+        self.dtype = dtype  # jnp dtype of the flat array
+
+    def array(self):
+        """The flat array, materialising zeros for a storage that was never written."""
+        if self.value is None:
+            self.value = _zeros(self.numel, self.dtype)
+        return self.value
+
+
+@jax.jit(static_argnums=(0, 1))
+def _zeros_jit(numel, dtype):
+    return jnp.zeros((numel,), dtype)
+
+
+def _zeros(numel, dtype):
+    with jax.default_device(platform.device()):
+        return _zeros_jit(numel, dtype)
+
+
+def new_tensor(
+    shape, dtype: torch.dtype, value=None, strides: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """A fresh tpu tensor with its own storage; value is its flat array (or None: unwritten)."""
+    shape = tuple(shape)
+    if strides is None:
+        strides = contiguous_strides(shape)
+    t = _create_empty(shape, dtype)
+    _attach_storage(t, shape, tuple(strides), dtype, value)
+    return t
+
+
+def storage_of(t: torch.Tensor) -> Storage:
+    try:
+        return t.untyped_storage()._tpu
+    except AttributeError:
+        raise RuntimeError(
+            f"tensor on {t.device} has no tpu payload (was it made outside torch_tpu?)"
+        ) from None
+
+
+def view_of(t: torch.Tensor, storage: Storage | None = None) -> View:
+    storage = storage or storage_of(t)
+    return View(
+        tuple(t.shape),
+        tuple(t.stride()),
+        t.storage_offset(),
+        dtypes.TORCH_TO_JAX[t.dtype],
+        storage.numel,
+        storage.dtype,
+    )
+
+
+def is_whole(t: torch.Tensor, storage: Storage) -> bool:
+    """True when t is its storage, contiguous and complete: reading it is a reshape."""
+    return (
+        storage.numel == t.numel()
+        and t.storage_offset() == 0
+        and t.is_contiguous()
+        and dtypes.TORCH_TO_JAX[t.dtype] == storage.dtype
+    )
+
+
+def replace_storage(t: torch.Tensor, shape, strides=None) -> None:
+    """Give t a new, unwritten storage of the given geometry (resize_, out= resizing)."""
+    shape = tuple(shape)
+    if strides is None:
+        strides = contiguous_strides(shape)
+    _attach_storage(t, shape, tuple(strides), t.dtype, None)
+
+
+def numel(shape) -> int:
+    return math.prod(shape)

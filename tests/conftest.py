@@ -1,0 +1,76 @@
+"""Shared test helpers: run the same function on CPU and on tpu and compare."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_tpu  # noqa: F401  (explicit, so tests also pass with autoload disabled)
+
+
+def to_tpu(value):
+    if isinstance(value, torch.Tensor):
+        out = value.detach().to("tpu")
+        return out.requires_grad_(value.requires_grad) if value.is_floating_point() else out
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_tpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_tpu(v) for k, v in value.items()}
+    return value
+
+
+def to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(v) for v in value)
+    return value
+
+
+def assert_same(fn, *args, atol=None, rtol=None, check_dtype=True, **kwargs):
+    """fn on CPU inputs and on tpu copies of them give the same result (values, dtype, shape)."""
+    expected = fn(*args, **kwargs)
+    actual = fn(*to_tpu(args), **to_tpu(kwargs))
+    _check_device(actual)
+    torch.testing.assert_close(
+        to_cpu(actual), expected, atol=atol, rtol=rtol, check_dtype=check_dtype, equal_nan=True
+    )
+    return actual
+
+
+def _check_device(value):
+    if isinstance(value, torch.Tensor):
+        assert value.device.type == "tpu", f"result is on {value.device}, not tpu"
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_device(v)
+
+
+def assert_same_grad(fn, *args, atol=None, rtol=None):
+    """Gradients of fn(*args).sum() w.r.t. every float tensor arg agree between CPU and tpu."""
+    cpu_args = [a.detach().clone().requires_grad_(True) if _float(a) else a for a in args]
+    tpu_args = [
+        a.detach().to("tpu").requires_grad_(True) if _float(a) else to_tpu(a) for a in args
+    ]
+    _sum(fn(*cpu_args)).backward()
+    _sum(fn(*tpu_args)).backward()
+    for c, t in zip(cpu_args, tpu_args):
+        if _float(c):
+            assert t.grad is not None, "tpu gradient missing"
+            assert t.grad.device.type == "tpu"
+            torch.testing.assert_close(t.grad.cpu(), c.grad, atol=atol, rtol=rtol)
+
+
+def _float(a):
+    return isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex())
+
+
+def _sum(out):
+    if isinstance(out, (list, tuple)):
+        return sum(o.float().sum() for o in out if isinstance(o, torch.Tensor) and _float(o))
+    return out.sum()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
