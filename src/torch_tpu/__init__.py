@@ -7,7 +7,20 @@
 
 from __future__ import annotations
 
-import jax
+
+def _autoload() -> None:
+    """Entry point PyTorch calls at the end of `import torch`.
+
+    When this package is what imported torch (`python -m torch_tpu`), torch
+    calls back here before the package has finished importing; the import
+    then completes the registration itself.
+    """
+    if "init" in globals():
+        init()
+
+
+import jax  # noqa: E402
+import torch  # noqa: E402, F401
 
 jax.config.update("jax_enable_x64", True)  # int64 and float64 tensors must be real
 
@@ -31,11 +44,6 @@ def init() -> None:
     jax.config.update("jax_default_device", platform.device())
     kernels.register_all()
     _initialised = True
-
-
-def _autoload() -> None:
-    """Entry point PyTorch calls at the end of `import torch`."""
-    init()
 
 
 init()

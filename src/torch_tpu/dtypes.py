@@ -61,9 +61,8 @@ def numpy_from_cpu(t: torch.Tensor) -> np.ndarray:
 def cpu_from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor holding numpy data of the given torch dtype."""
     carrier = _HOST_CARRIER.get(dtype)
-    a = np.ascontiguousarray(a)
-    if not a.flags.writeable:
-        a = a.copy()
+    if not (a.flags.c_contiguous and a.flags.writeable):
+        a = np.array(a, order="C", copy=True)  # (np.ascontiguousarray would make 0-d arrays 1-d)
     if carrier is None:
         return torch.from_numpy(a.astype(TORCH_TO_JAX[dtype], copy=False))
     return torch.from_numpy(a.view(TORCH_TO_JAX[carrier])).view(dtype)

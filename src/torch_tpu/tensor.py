@@ -9,6 +9,7 @@ all of them, and the storage is the single source of truth.
 from __future__ import annotations
 
 import math
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,9 @@ DEVICE = torch.device("privateuseone", 0)
 # PyTorch (DDP buckets, FSDP, AOTAutograd) see what they would on a real device.
 # Nothing ever dereferences them: every op on these tensors goes through us.
 _next_address = 1 << 44
+# PyTorch sometimes wraps a device pointer in a new storage object (from_blob,
+# e.g. when pickling a storage); the address still finds the payload.
+_BY_ADDRESS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _attach_storage(t: torch.Tensor, shape, strides, dtype: torch.dtype, value) -> None:
@@ -37,13 +41,14 @@ def _attach_storage(t: torch.Tensor, shape, strides, dtype: torch.dtype, value) 
     storage = _storage_at(_next_address, DEVICE, nbytes)
     _next_address += (nbytes + 4095) // 4096 * 4096 + 4096
     _set_storage(_CPU_KEYS, t, storage, 0, shape, strides)
-    storage._tpu = Storage(value, numel, dtypes.to_jax(dtype))
+    payload = storage._tpu = Storage(value, numel, dtypes.to_jax(dtype))
+    _BY_ADDRESS[storage.data_ptr()] = payload
 
 
 class Storage:
     """The value behind one tpu storage: a flat JAX array, or None while never written."""
 
-    __slots__ = ("value", "numel", "dtype")
+    __slots__ = ("value", "numel", "dtype", "__weakref__")
 
     def __init__(self, value, numel: int, dtype) -> None:
         self.value = value
@@ -80,9 +85,13 @@ def new_tensor(
 
 
 def storage_of(t: torch.Tensor) -> Storage:
+    storage = t.untyped_storage()
     try:
-        return t.untyped_storage()._tpu
+        return storage._tpu
     except AttributeError:
+        payload = _BY_ADDRESS.get(storage.data_ptr())
+        if payload is not None:
+            return payload
         raise RuntimeError(
             f"tensor on {t.device} has no tpu payload (was it made outside torch_tpu?)"
         ) from None

@@ -91,7 +91,11 @@ def _layout(spec: OpSpec, values: list, inputs: _Inputs) -> tuple:
         if value is None:
             layout.append(None)
         elif kind is Kind.TENSOR or kind is Kind.OPT_TENSOR:
-            layout.append(("t", inputs.tensor(value)))
+            if isinstance(value, torch.Tensor):
+                layout.append(("t", inputs.tensor(value)))
+            else:  # a Python number PyTorch wrapped as a tensor: weakly typed, like a Scalar
+                layout.append(("s", len(inputs.dynamic), type(value)))
+                inputs.dynamic.append(value)
         elif kind is Kind.TENSOR_LIST:
             layout.append(
                 ("l", tuple(None if t is None else inputs.tensor(t) for t in value))

@@ -1,3 +1,504 @@
-"""Lowerings: reduction family."""
+"""Lowerings: reduction family (sums, statistics, extrema, scans, sorting, norms).
+
+Torch conventions kept here: `dim=None` and `dim=[]` reduce every axis, a
+0-d tensor accepts dim 0/-1, integers and bool accumulate in int64, half
+floats accumulate in float32, NaN is the largest value (it propagates
+through min/max and sorts last ascending), and ties pick the first index.
+"""
 
 from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .. import dtypes
+from .registry import lower
+
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _axes(x, dim) -> tuple[int, ...]:
+    """Normalised reduction axes: None or [] mean all of them, negatives wrap."""
+    if isinstance(dim, int):
+        dim = (dim,)
+    if dim is None or len(dim) == 0:
+        return tuple(range(x.ndim))
+    if x.ndim == 0:
+        return ()
+    return tuple(sorted({d % x.ndim for d in dim}))
+
+
+def _axis(x, dim: int) -> int:
+    """One axis; a 0-d tensor's callers make it 1-d first (see _as_1d)."""
+    return dim % max(x.ndim, 1)
+
+
+def _is_float(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _acc(x, dtype=None):
+    """x in the type torch accumulates sums and products in."""
+    if dtype is not None:
+        x = x.astype(dtypes.to_jax(dtype))
+    elif not _is_float(x):
+        x = x.astype(jnp.int64)
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
+
+
+def _float(x, dtype=None):
+    """x in the float type torch computes means, variances and norms in."""
+    import torch
+
+    if dtype is not None:
+        x = x.astype(dtypes.to_jax(dtype))
+    if x.dtype in _HALF:
+        return x.astype(jnp.float32)
+    if not _is_float(x):
+        return x.astype(dtypes.to_jax(torch.get_default_dtype()))
+    return x
+
+
+def _count(x, axes) -> int:
+    return math.prod(x.shape[a] for a in axes)
+
+
+def _squeeze(x, axes, keepdim: bool):
+    return x if keepdim else jnp.squeeze(x, axes)
+
+
+def _as_1d(x):
+    """Scans and selections along an axis treat a 0-d tensor as one element."""
+    return x.reshape(1) if x.ndim == 0 else x
+
+
+def _like_input(out, x):
+    """Undo _as_1d: outputs of a 0-d input are 0-d."""
+    return out.reshape(()) if x.ndim == 0 else out
+
+
+# --------------------------------------------------------------------- sums
+
+
+@lower("sum.default")
+def sum_all(self, dtype=None):
+    return jnp.sum(_acc(self, dtype))
+
+
+@lower("sum.dim_IntList")
+def sum_dim(self, dim, keepdim=False, dtype=None):
+    return jnp.sum(_acc(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lower("nansum.default")
+def nansum(self, dim=None, keepdim=False, dtype=None):
+    return jnp.nansum(_acc(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lower("mean.default")
+def mean_all(self, dtype=None):
+    return jnp.mean(_float(self, dtype))
+
+
+@lower("mean.dim")
+def mean_dim(self, dim, keepdim=False, dtype=None):
+    return jnp.mean(_float(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lower("prod.default")
+def prod_all(self, dtype=None):
+    return jnp.prod(_acc(self, dtype))
+
+
+@lower("prod.dim_int")
+def prod_dim(self, dim, keepdim=False, dtype=None):
+    return jnp.prod(_acc(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lower("count_nonzero.dim_IntList", "count_nonzero.default")
+def count_nonzero(self, dim=None):
+    return jnp.sum(self != 0, axis=_axes(self, dim), dtype=jnp.int64)
+
+
+@lower("logsumexp.default")
+def logsumexp(self, dim, keepdim=False):
+    return jax.nn.logsumexp(_float(self), axis=_axes(self, dim), keepdims=keepdim)
+
+
+# ------------------------------------------------------------------ moments
+
+
+def _var_mean(x, dim, correction, keepdim):
+    """Two-pass variance (stable for large means) and the mean, in float."""
+    x = _float(x)
+    axes = _axes(x, dim)
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    deviation = jnp.abs(x - mean)
+    correction = 1 if correction is None else correction
+    dof = jnp.maximum(_count(x, axes) - correction, 0)
+    var = jnp.sum(deviation * deviation, axis=axes, keepdims=keepdim) / dof
+    return var, _squeeze(mean, axes, keepdim)
+
+
+@lower("var.correction")
+def var(self, dim=None, correction=None, keepdim=False):
+    return _var_mean(self, dim, correction, keepdim)[0]
+
+
+@lower("std.correction")
+def std(self, dim=None, correction=None, keepdim=False):
+    return jnp.sqrt(_var_mean(self, dim, correction, keepdim)[0])
+
+
+@lower("var_mean.correction")
+def var_mean(self, dim=None, correction=None, keepdim=False):
+    return _var_mean(self, dim, correction, keepdim)
+
+
+@lower("std_mean.correction")
+def std_mean(self, dim=None, correction=None, keepdim=False):
+    var_, mean = _var_mean(self, dim, correction, keepdim)
+    return jnp.sqrt(var_), mean
+
+
+# ---------------------------------------------------------------- extrema
+
+
+@lower("max.default")
+def max_all(self):
+    return jnp.max(self)
+
+
+@lower("min.default")
+def min_all(self):
+    return jnp.min(self)
+
+
+@lower("amax.default")
+def amax(self, dim=(), keepdim=False):
+    return jnp.max(self, axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lower("amin.default")
+def amin(self, dim=(), keepdim=False):
+    return jnp.min(self, axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lower("aminmax.default")
+def aminmax(self, dim=None, keepdim=False):
+    return amin(self, dim, keepdim), amax(self, dim, keepdim)
+
+
+@lower("_aminmax.default")
+def _aminmax_all(self):
+    return jnp.min(self), jnp.max(self)
+
+
+@lower("_aminmax.dim")
+def _aminmax_dim(self, dim, keepdim=False):
+    return aminmax(self, dim, keepdim)
+
+
+def _arg(select, x, dim, keepdim):
+    """Index of the first extreme (NaN counts as extreme) along dim, or of the flat tensor."""
+    if dim is None:
+        index = select(x.reshape(-1))
+        return index.reshape((1,) * x.ndim) if keepdim else index
+    x1 = _as_1d(x)
+    index = select(x1, axis=_axis(x, dim), keepdims=keepdim)
+    return _like_input(index, x)
+
+
+@lower("argmax.default")
+def argmax(self, dim=None, keepdim=False):
+    return _arg(jnp.argmax, self, dim, keepdim)
+
+
+@lower("argmin.default")
+def argmin(self, dim=None, keepdim=False):
+    return _arg(jnp.argmin, self, dim, keepdim)
+
+
+def _value_index(select, x, dim, keepdim):
+    """(values, indices) of min/max along dim, values read at the chosen indices."""
+    x1 = _as_1d(x)
+    axis = _axis(x, dim)
+    index = select(x1, axis=axis, keepdims=True)
+    values = jnp.take_along_axis(x1, index, axis=axis)
+    if not keepdim:
+        values, index = values.squeeze(axis), index.squeeze(axis)
+    return _like_input(values, x), _like_input(index, x)
+
+
+@lower("max.dim")
+def max_dim(self, dim, keepdim=False):
+    return _value_index(jnp.argmax, self, dim, keepdim)
+
+
+@lower("min.dim")
+def min_dim(self, dim, keepdim=False):
+    return _value_index(jnp.argmin, self, dim, keepdim)
+
+
+# ------------------------------------------------------------------- logic
+
+
+@lower("all.default")
+def all_all(self):
+    return jnp.all(self)
+
+
+@lower("all.dim")
+def all_dim(self, dim, keepdim=False):
+    return jnp.all(self, axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lower("all.dims")
+def all_dims(self, dim=None, keepdim=False):
+    return jnp.all(self, axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lower("any.default")
+def any_all(self):
+    return jnp.any(self)
+
+
+@lower("any.dim")
+def any_dim(self, dim, keepdim=False):
+    return jnp.any(self, axis=_axes(self, dim), keepdims=keepdim)
+
+
+@lower("any.dims")
+def any_dims(self, dim=None, keepdim=False):
+    return jnp.any(self, axis=_axes(self, dim), keepdims=keepdim)
+
+
+# ------------------------------------------------------------------- scans
+
+
+@lower("cumsum.default")
+def cumsum(self, dim, dtype=None):
+    x = _acc(self, dtype)
+    return _like_input(jnp.cumsum(_as_1d(x), axis=_axis(self, dim)), self)
+
+
+@lower("cumprod.default")
+def cumprod(self, dim, dtype=None):
+    x = _acc(self, dtype)
+    return _like_input(jnp.cumprod(_as_1d(x), axis=_axis(self, dim)), self)
+
+
+@lower("logcumsumexp.default", "_logcumsumexp.default")
+def logcumsumexp(self, dim):
+    x = _float(self)
+    return _like_input(lax.cumlogsumexp(_as_1d(x), axis=_axis(self, dim)), self)
+
+
+def _cumulative_extreme(x, dim, better):
+    """Running extreme with its index: a later element wins when it is NaN, or
+    when it is at least as good as a non-NaN running value (torch's rule)."""
+    x1 = _as_1d(x)
+    axis = _axis(x, dim)
+    index = lax.broadcasted_iota(jnp.int64, x1.shape, axis)
+
+    def combine(earlier, later):
+        (v0, i0), (v1, i1) = earlier, later
+        take = jnp.isnan(v1) | (~jnp.isnan(v0) & better(v1, v0))
+        return jnp.where(take, v1, v0), jnp.where(take, i1, i0)
+
+    values, indices = lax.associative_scan(combine, (x1, index), axis=axis)
+    return _like_input(values, x), _like_input(indices, x)
+
+
+@lower("cummax.default")
+def cummax(self, dim):
+    return _cumulative_extreme(self, dim, jnp.greater_equal)
+
+
+@lower("cummin.default")
+def cummin(self, dim):
+    return _cumulative_extreme(self, dim, jnp.less_equal)
+
+
+# ----------------------------------------------------------------- sorting
+
+
+def _sort_keys(x, descending: bool) -> tuple:
+    """Keys whose stable ascending order is torch's order: NaN last (first when
+    descending), -0.0 equal to 0.0. `~` reverses ints and bools without overflow."""
+    if _is_float(x):
+        nan = jnp.isnan(x)
+        value = jnp.where(nan | (x == 0), jnp.zeros_like(x), x)
+        return (~nan, -value) if descending else (nan, value)
+    return (~x,) if descending else (x,)
+
+
+def _sorted(x, axis: int, descending: bool):
+    """Stable sort of a (≥1-d) array along axis: (values, int64 indices)."""
+    keys = _sort_keys(x, descending)
+    iota = lax.broadcasted_iota(jnp.int64, x.shape, axis)
+    *_, index = lax.sort((*keys, iota), dimension=axis, is_stable=True, num_keys=len(keys))
+    return jnp.take_along_axis(x, index, axis=axis), index
+
+
+def _sort(x, dim, descending):
+    values, index = _sorted(_as_1d(x), _axis(x, dim), descending)
+    return _like_input(values, x), _like_input(index, x)
+
+
+@lower("sort.default")
+def sort(self, dim=-1, descending=False):
+    return _sort(self, dim, descending)
+
+
+@lower("sort.stable")
+def sort_stable(self, stable=None, dim=-1, descending=False):
+    return _sort(self, dim, descending)
+
+
+@lower("topk.default")
+def topk(self, k, dim=-1, largest=True, sorted=True):
+    axis = _axis(self, dim)
+    values, index = _sorted(_as_1d(self), axis, largest)
+    values = lax.slice_in_dim(values, 0, k, axis=axis)
+    index = lax.slice_in_dim(index, 0, k, axis=axis)
+    if self.ndim == 0 and k == 1:
+        return values.reshape(()), index.reshape(())
+    return values, index
+
+
+def _pick(values, index, position, axis: int, keepdim: bool):
+    """Entries at `position` (an array broadcast over the other axes) along axis."""
+    position = jnp.expand_dims(position, axis)
+    picked_values = jnp.take_along_axis(values, position, axis=axis)
+    picked_index = jnp.take_along_axis(index, position, axis=axis)
+    if not keepdim:
+        picked_values, picked_index = picked_values.squeeze(axis), picked_index.squeeze(axis)
+    return picked_values, picked_index
+
+
+def _rank_select(x, dim, keepdim, position_of):
+    """Sort ascending along dim and pick, per row, position_of(non-NaN count, length)."""
+    x1 = _as_1d(x)
+    axis = _axis(x, dim)
+    values, index = _sorted(x1, axis, False)
+    n = x1.shape[axis]
+    if _is_float(x1):
+        valid = jnp.sum(~jnp.isnan(x1), axis=axis)
+    else:
+        valid = jnp.full(x1.shape[:axis] + x1.shape[axis + 1 :], n)
+    v, i = _pick(values, index, position_of(valid, n), axis, keepdim)
+    return _like_input(v, x), _like_input(i, x)
+
+
+@lower("kthvalue.default")
+def kthvalue(self, k, dim=-1, keepdim=False):
+    return _rank_select(self, dim, keepdim, lambda valid, n: jnp.full_like(valid, k - 1))
+
+
+def _median_position(valid, n):
+    """The lower median, or the first NaN (sorted right after the valid values)."""
+    return jnp.where(valid < n, valid, (n - 1) // 2)
+
+
+def _nanmedian_position(valid, n):
+    """The lower median of the non-NaN values; all-NaN rows give a NaN."""
+    return jnp.where(valid == 0, (n - 1) // 2, (valid - 1) // 2)
+
+
+@lower("median.dim")
+def median_dim(self, dim, keepdim=False):
+    return _rank_select(self, dim, keepdim, _median_position)
+
+
+@lower("nanmedian.dim")
+def nanmedian_dim(self, dim, keepdim=False):
+    return _rank_select(self, dim, keepdim, _nanmedian_position)
+
+
+def _median_all(x, position_of):
+    if x.size == 0:
+        return jnp.full((), jnp.nan, x.dtype)
+    return _rank_select(x.reshape(-1), 0, False, position_of)[0]
+
+
+@lower("median.default")
+def median_all(self):
+    return _median_all(self, _median_position)
+
+
+@lower("nanmedian.default")
+def nanmedian_all(self):
+    return _median_all(self, _nanmedian_position)
+
+
+@lower("mode.default")
+def mode(self, dim=-1, keepdim=False):
+    """Most frequent value (the smallest on ties) and its last index: the end
+    of the longest run in the stably sorted row."""
+    x1 = _as_1d(self)
+    axis = _axis(self, dim)
+    values, index = _sorted(x1, axis, False)
+    position = lax.broadcasted_iota(jnp.int64, x1.shape, axis)
+    previous = jnp.roll(values, 1, axis=axis)
+    starts = (position == 0) | (values != previous)
+    run_start = lax.cummax(jnp.where(starts, position, 0), axis=axis)
+    best = jnp.argmax(position - run_start, axis=axis)
+    v, i = _pick(values, index, best, axis, keepdim)
+    return _like_input(v, self), _like_input(i, self)
+
+
+# ------------------------------------------------------------------- norms
+
+
+def _vector_norm(x, ord, dim, keepdim, dtype=None):
+    """torch.linalg.vector_norm for a compile-time ord."""
+    x = _float(jnp.abs(_float(x, dtype)))
+    axes = _axes(x, dim)
+    if ord == math.inf:
+        return jnp.max(x, axis=axes, keepdims=keepdim)
+    if ord == -math.inf:
+        return jnp.min(x, axis=axes, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum(x != 0, axis=axes, keepdims=keepdim).astype(x.dtype)
+    if ord == 1:
+        return jnp.sum(x, axis=axes, keepdims=keepdim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(x * x, axis=axes, keepdims=keepdim))
+    return jnp.sum(x**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+
+
+@lower("linalg_vector_norm.default", static_scalars=True)
+def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None):
+    return _vector_norm(self, ord, dim, keepdim, dtype)
+
+
+@lower("norm.Scalar", static_scalars=True)
+def norm(self, p=2):
+    return _vector_norm(self, p, None, False)
+
+
+@lower("norm.ScalarOpt_dtype", static_scalars=True)
+def norm_dtype(self, p, dtype):
+    return _vector_norm(self, 2 if p is None else p, None, False, dtype)
+
+
+@lower("norm.ScalarOpt_dim", static_scalars=True)
+def norm_dim(self, p, dim, keepdim=False):
+    return _vector_norm(self, 2 if p is None else p, dim, keepdim)
+
+
+@lower("norm.ScalarOpt_dim_dtype", static_scalars=True)
+def norm_dim_dtype(self, p, dim, keepdim, dtype):
+    return _vector_norm(self, 2 if p is None else p, dim, keepdim, dtype)
+
+
+@lower("_foreach_norm.Scalar", static_scalars=True)
+def foreach_norm(self, ord=2, dtype=None):
+    return [_vector_norm(t, ord, None, False, dtype) for t in self]

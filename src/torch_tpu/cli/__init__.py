@@ -1,0 +1,1 @@
+"""The torch-tpu command line."""
