@@ -101,12 +101,15 @@ def view_of(t: torch.Tensor, storage: Storage | None = None) -> View:
     storage = storage or storage_of(t)
     return View(
         tuple(t.shape),
-        tuple(t.stride()),
+        t.stride(),
         t.storage_offset(),
-        dtypes.TORCH_TO_JAX[t.dtype],
+        _JAX_DTYPES[t.dtype],
         storage.numel,
         storage.dtype,
     )
+
+
+_JAX_DTYPES = dtypes.TORCH_TO_JAX
 
 
 def is_whole(t: torch.Tensor, storage: Storage) -> bool:

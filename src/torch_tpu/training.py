@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
@@ -54,7 +53,7 @@ def train_losses(
     """Loss at each step of training model_fn() on fixed data; the same seed gives
     the same initial weights on every device."""
     torch.manual_seed(seed)
-    model = copy.deepcopy(model_fn()).to(device)
+    model = model_fn().to(device)
     if optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=foreach)
     else:

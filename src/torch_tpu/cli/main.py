@@ -1,4 +1,4 @@
-"""torch-tpu: verify the device and run a small workload."""
+"""torch-tpu: verify the device, inspect op coverage, write the OpInfo report."""
 
 from __future__ import annotations
 
@@ -10,9 +10,23 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     verify = commands.add_parser("verify", help="check the tpu device and train a small MLP")
     verify.add_argument("--steps", type=int, default=5, help="MLP training steps (default 5)")
+    ops = commands.add_parser("ops", help="which ATen ops are lowered, decomposed or fall back")
+    ops.add_argument("--check", metavar="OPNAME", help="how one op (e.g. add or add.Tensor) runs")
+    report = commands.add_parser("opinfo-report", help="full OpInfo sweep -> docs/opinfo_report.*")
+    report.add_argument("--out", default="docs", help="directory for the report (default docs)")
+    report.add_argument(
+        "--limit", type=int, default=None, help="samples per entry and dtype (default: as CI)"
+    )
+    report.add_argument("--only", nargs="*", help="OpInfo entry names to run (default: all)")
     args = parser.parse_args(argv)
     if args.command == "verify":
         from .verify import run
 
         return run(steps=args.steps)
-    return 2
+    if args.command == "ops":
+        from .ops import run
+
+        return run(args.check)
+    from .opinfo_report import run
+
+    return run(args.out, args.limit, args.only)

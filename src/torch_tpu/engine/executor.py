@@ -60,8 +60,8 @@ class _Inputs:
         self.dynamic: list = []
 
     def tensor(self, t: torch.Tensor):
-        if t.device.type != DEVICE_TYPE:
-            if t.device.type == "cpu" and t.dim() == 0:
+        if t.is_cpu or t.is_meta:  # (cheaper than building t.device on every call)
+            if t.is_cpu and t.dim() == 0:
                 t = upload(t)
             else:
                 raise RuntimeError(
@@ -144,10 +144,34 @@ def run(spec: OpSpec, args: tuple, kwargs: dict):
     return _call(spec, entry, values, inputs)
 
 
+_SCALARS: dict = {}
+
+
+def device_scalar(value):
+    """A weakly typed device array for a Python number, cached: passing raw Python
+    numbers to a jitted function would transfer them to the device on every call."""
+    key = (type(value), value)
+    array = _SCALARS.get(key)
+    if array is None:
+        array = jnp.asarray(value)
+        if value == value:  # NaN never matches a cache key
+            if len(_SCALARS) > 4096:
+                _SCALARS.clear()
+            _SCALARS[key] = array
+    return array
+
+
+def _key_inputs(spec: OpSpec):
+    if not spec.lowering.random:
+        return ()
+    seed, counter = rng.next_key_inputs()
+    return (jnp.asarray(seed, jnp.uint64), jnp.asarray(counter, jnp.uint64))
+
+
 def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
     arrays = tuple(s.array() for s in inputs.storages)
-    key_inputs = rng.next_key_inputs() if spec.lowering.random else (0, 0)
-    fresh, written = entry.fn(arrays, tuple(inputs.dynamic), key_inputs)
+    dynamic = tuple(device_scalar(v) for v in inputs.dynamic)
+    fresh, written = entry.fn(arrays, dynamic, _key_inputs(spec))
     for slot, value in zip(entry.written_slots, written):
         inputs.storages[slot].value = value
     tensors = [_wrap(meta, value) for meta, value in zip(entry.fresh, fresh)]
@@ -240,7 +264,10 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
 def _eval_shapes(spec: OpSpec, layout: tuple) -> list:
     """Output metadata from the lowering itself, for ops PyTorch has no meta kernel for."""
     program = _program(spec, layout, None, ())
-    shapes = jax.eval_shape(program, _abstract_storages(layout), _abstract_dynamic(layout), (0, 0))
+    key_inputs = (jnp.uint64(0), jnp.uint64(0)) if spec.lowering.random else ()
+    shapes = jax.eval_shape(
+        program, _abstract_storages(layout), _abstract_dynamic(layout), key_inputs
+    )
     return [_meta_of(s) for s in shapes[0]]
 
 
@@ -268,7 +295,7 @@ def _abstract_storages(layout):
 
 
 def _abstract_dynamic(layout):
-    return tuple(e[2](0) for e in layout if e is not None and e[0] == "s")
+    return tuple(device_scalar(e[2](0)) for e in layout if e is not None and e[0] == "s")
 
 
 def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
@@ -352,9 +379,9 @@ def _run_unjitted(spec: OpSpec, values: list, layout: tuple, inputs: _Inputs):
     concrete arrays, syncing with the device, as a TPU must."""
     metrics.count("host_syncs")
     arrays = tuple(s.array() for s in inputs.storages)
-    key_inputs = rng.next_key_inputs() if spec.lowering.random else (0, 0)
     program = _program(spec, layout, None, ())
-    fresh, _ = program(arrays, tuple(inputs.dynamic), key_inputs)
+    dynamic = tuple(device_scalar(v) for v in inputs.dynamic)
+    fresh, _ = program(arrays, dynamic, _key_inputs(spec))
     tensors = [_wrap(_meta_of(f), f) for f in fresh]
     return _returns(spec, values, tensors)
 

@@ -40,7 +40,10 @@ _METADATA_OPS = (
 )
 
 _lib = torch.library.Library("aten", "IMPL")
-_registered: set[str] = set()
+# Every overload we registered a PrivateUse1 kernel for -> how it runs:
+# "lowered" (its own lowering), "derived" (in-place/out= variant of a lowering),
+# "special" (host copies, allocation), "metadata" (views) or "decomposed".
+KERNELS: dict[str, str] = {}
 
 
 def overload(name: str) -> torch._ops.OpOverload:
@@ -54,17 +57,17 @@ def _has(name: str, key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(full, key)
 
 
-def _impl(name: str, kernel) -> None:
+def _impl(name: str, kernel, category: str) -> None:
     _lib.impl(name.removesuffix(".default"), kernel, "PrivateUse1")
-    _registered.add(name if "." in name else f"{name}.default")
+    KERNELS[name if "." in name else f"{name}.default"] = category
 
 
-def _register_spec(name: str, spec: executor.OpSpec) -> None:
+def _register_spec(name: str, spec: executor.OpSpec, category: str) -> None:
     def kernel(*args, **kwargs):
         return executor.run(spec, args, kwargs)
 
     kernel.__name__ = f"tpu_{name.replace('.', '_')}"
-    _impl(name, kernel)
+    _impl(name, kernel, category)
 
 
 def _register_lowering(name: str, lowering: Lowering) -> None:
@@ -74,7 +77,7 @@ def _register_lowering(name: str, lowering: Lowering) -> None:
             "reaches a backend, so a lowering would bypass autograd; lower its parts instead"
         )
     op = overload(name)
-    _register_spec(name, executor.make_spec(parse(op), lowering))
+    _register_spec(name, executor.make_spec(parse(op), lowering), "lowered")
     _register_variants(name, op, lowering)
 
 
@@ -92,7 +95,7 @@ def _register_variants(name: str, op, lowering: Lowering) -> None:
         if other != ovl:
             candidates.append(f"{packet_name}.{other}")
     for candidate in candidates:
-        if candidate in LOWERINGS or candidate in _registered:
+        if candidate in LOWERINGS or candidate in KERNELS:
             continue
         variant = overload(candidate)
         schema = variant._schema
@@ -116,7 +119,7 @@ def _register_variants(name: str, op, lowering: Lowering) -> None:
             spec = executor.make_spec(parse(variant), lowering, None, (0,))
         if _has(candidate, "CompositeImplicitAutograd"):
             continue
-        _register_spec(candidate, spec)
+        _register_spec(candidate, spec, "derived")
 
 
 # ------------------------------------------------------------ special kernels
@@ -207,23 +210,23 @@ def _register_specials() -> None:
         parse(torch.ops.aten.copy_.default),
         _L("copy_.default", lambda self, src, non_blocking: src),
     )
-    _impl("empty.memory_format", _empty)
-    _impl("empty_strided", _empty_strided)
-    _impl("resize_", _resize)
-    _impl("set_", _set_empty)
-    _impl("copy_", _copy)
-    _impl("_copy_from", _copy_from)
-    _impl("_copy_from_and_resize", _copy_from_and_resize)
-    _impl("_local_scalar_dense", _local_scalar_dense)
-    _impl("equal", _equal)
-    _impl("record_stream", _record_stream)
+    _impl("empty.memory_format", _empty, "special")
+    _impl("empty_strided", _empty_strided, "special")
+    _impl("resize_", _resize, "special")
+    _impl("set_", _set_empty, "special")
+    _impl("copy_", _copy, "special")
+    _impl("_copy_from", _copy_from, "special")
+    _impl("_copy_from_and_resize", _copy_from_and_resize, "special")
+    _impl("_local_scalar_dense", _local_scalar_dense, "special")
+    _impl("equal", _equal, "special")
+    _impl("record_stream", _record_stream, "special")
     for name in _METADATA_OPS:
         op = overload(name)
 
         def metadata_kernel(*args, _op=op, **kwargs):
             return _op.redispatch(_CPU_KEYS, *args, **kwargs)
 
-        _impl(name, metadata_kernel)
+        _impl(name, metadata_kernel, "metadata")
 
 
 # -------------------------------------------------------------- decompositions
@@ -240,7 +243,7 @@ def _register_decompositions() -> None:
         if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
             continue
         name = f"{op._schema.name.removeprefix('aten::')}.{op._overloadname}"
-        if name in _registered or name in LOWERINGS:
+        if name in KERNELS or name in LOWERINGS:
             continue
         if any(_has(name, key) for key in _COMPOSITE) or not _has(name, "CPU"):
             continue
@@ -257,11 +260,7 @@ def _register_decompositions() -> None:
             finally:
                 active.discard(_name)
 
-        _impl(name, kernel)
-        DECOMPOSED.add(name)
-
-
-DECOMPOSED: set[str] = set()
+        _impl(name, kernel, "decomposed")
 
 
 def register_all() -> None:
@@ -270,7 +269,7 @@ def register_all() -> None:
 
     _register_specials()
     for name, lowering in sorted(LOWERINGS.items()):
-        if name not in _registered:
+        if name not in KERNELS:
             _register_lowering(name, lowering)
     _register_decompositions()
     fallback.install()

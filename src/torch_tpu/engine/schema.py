@@ -66,9 +66,10 @@ def parse(op: torch._ops.OpOverload) -> OpSchema:
     for a in schema.arguments:
         kind = _KINDS.get(str(a.type), Kind.STATIC)
         written = bool(a.alias_info and a.alias_info.is_write)
-        args.append(
-            Arg(a.name, kind, a.kwarg_only, a.has_default_value(), a.default_value, written)
-        )
+        default = a.default_value
+        if isinstance(default, list):
+            default = tuple(default)  # specs are cache keys: keep them hashable
+        args.append(Arg(a.name, kind, a.kwarg_only, a.has_default_value(), default, written))
     aliases = []
     for r in schema.returns:
         target = None

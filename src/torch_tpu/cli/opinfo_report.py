@@ -1,0 +1,20 @@
+"""`torch-tpu opinfo-report`: run the full OpInfo sweep and write the report."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .. import inventory
+from ..testing import opinfo, report
+
+
+def run(out: str, limit: int | None, only: list[str] | None) -> int:
+    limit = limit or opinfo.SAMPLES_PER_CELL
+    start = time.perf_counter()
+    results = report.sweep(only, limit=limit)
+    seconds = time.perf_counter() - start
+    report.write(results, inventory.native_ops(), seconds, Path(out))
+    totals = report.totals(results)
+    print(f"wrote {out}/opinfo_report.md and .json in {seconds:.0f} s: {totals}")
+    return 0

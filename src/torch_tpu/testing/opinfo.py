@@ -1,0 +1,179 @@
+"""Run PyTorch's OpInfo database on tpu and compare every sample with CPU.
+
+Used by the CI subset (tests/test_opinfo.py) and by the full sweep that
+writes the coverage report (`python -m torch_tpu opinfo-report`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import metrics
+
+# Samples compared per (entry, dtype): the CI subset and the full sweep use the same
+# number, so the known-failures list means the same thing to both.
+SAMPLES_PER_CELL = 6
+FORWARD_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool)
+# Ops whose values are random or uninitialised: only shape and dtype can be compared.
+_UNCOMPARABLE = (
+    "rand",
+    "bernoulli",
+    "normal",
+    "dropout",
+    "multinomial",
+    "uniform",
+    "exponential",
+    "cauchy",
+    "geometric",
+    "log_normal",
+    "empty",
+)
+
+
+def op_db() -> list:
+    from torch.testing._internal.common_methods_invocations import op_db as db
+
+    return db
+
+
+def entry_name(op) -> str:
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+@dataclass
+class Outcome:
+    """One (entry, dtype, forward|grad) run."""
+
+    status: str  # passed | failed | fallback | error | skipped
+    message: str = ""
+    samples: int = 0
+    skipped_samples: int = 0
+    fallback_ops: dict = field(default_factory=dict)
+
+
+def _map(value, fn):
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _map(v, fn) for k, v in value.items()}
+    return value
+
+
+def _to_tpu(t: torch.Tensor) -> torch.Tensor:
+    out = t.detach().to("tpu")
+    return out.requires_grad_(t.requires_grad)
+
+
+def _to_cpu(value):
+    return _map(value, lambda t: t.detach().cpu())
+
+
+def _compare(actual, expected, shape_only: bool) -> None:
+    actual = _to_cpu(actual)
+    if shape_only:
+        a = [x for x in _leaves(actual) if isinstance(x, torch.Tensor)]
+        e = [x for x in _leaves(expected) if isinstance(x, torch.Tensor)]
+        assert [(x.shape, x.dtype) for x in a] == [(x.shape, x.dtype) for x in e], "shape/dtype"
+        return
+    torch.testing.assert_close(actual, expected, equal_nan=True)
+
+
+def _leaves(value):
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+def _samples(op, dtype, requires_grad: bool, limit: int | None):
+    torch.manual_seed(0)
+    for i, sample in enumerate(op.sample_inputs("cpu", dtype, requires_grad=requires_grad)):
+        if limit is not None and i >= limit:
+            return
+        yield sample
+
+
+def _grad_inputs(sample) -> list[torch.Tensor]:
+    found = []
+    _map((sample.input, sample.args, sample.kwargs), lambda t: found.append(t) or t)
+    return [t for t in found if t.requires_grad]
+
+
+def _differentiable(outputs) -> list[torch.Tensor]:
+    return [
+        o
+        for o in _leaves(outputs)
+        if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point
+    ]
+
+
+def run(op, dtype: torch.dtype, grad: bool = False, limit: int | None = None) -> Outcome:
+    """Run every sample of one OpInfo entry on CPU and tpu and compare."""
+    shape_only = any(word in op.name for word in _UNCOMPARABLE)
+    outcome = Outcome("passed")
+    metrics.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            samples = list(_samples(op, dtype, grad, limit))
+        except Exception as e:  # the CPU side cannot even build samples for this dtype
+            return Outcome("skipped", f"sample_inputs raised {type(e).__name__}: {e}")
+        for sample in samples:
+            try:
+                expected = op(sample.input, *sample.args, **sample.kwargs)
+                cpu_grads = _grads(expected, _grad_inputs(sample)) if grad else None
+            except Exception:
+                outcome.skipped_samples += 1  # CPU itself rejects this sample
+                continue
+            if grad and not cpu_grads:
+                outcome.skipped_samples += 1
+                continue
+            moved = _map((sample.input, sample.args, sample.kwargs), _to_tpu)
+            outcome.samples += 1
+            try:
+                actual = op(moved[0], *moved[1], **moved[2])
+                if grad:
+                    tpu_grads = _grads(actual, _grad_inputs_of(moved))
+                    _compare(tpu_grads, cpu_grads, shape_only)
+                else:
+                    _compare(actual, expected, shape_only)
+            except AssertionError as e:
+                outcome.status, outcome.message = "failed", _first_line(e)
+                break
+            except Exception as e:
+                outcome.status = "error"
+                outcome.message = f"{type(e).__name__}: {_first_line(e)}"
+                break
+    outcome.fallback_ops = dict(metrics.snapshot()["fallback_ops"])
+    if outcome.status == "passed" and outcome.fallback_ops:
+        outcome.status = "fallback"
+    if outcome.status == "passed" and outcome.samples == 0:
+        outcome.status, outcome.message = "skipped", "every sample raised on CPU"
+    return outcome
+
+
+def _grad_inputs_of(moved) -> list[torch.Tensor]:
+    found = []
+    _map(moved, lambda t: found.append(t) or t)
+    return [t for t in found if t.requires_grad]
+
+
+def _grads(outputs, inputs: list[torch.Tensor]):
+    outs = _differentiable(outputs)
+    if not outs or not inputs:
+        return None
+    grads = torch.autograd.grad(
+        outs, inputs, grad_outputs=[torch.ones_like(o) for o in outs], allow_unused=True
+    )
+    return [g for g in grads if g is not None]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return " ".join(text[:3])[:300] if text else type(e).__name__

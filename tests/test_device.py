@@ -1,0 +1,225 @@
+"""The tpu device itself: registration, torch.tpu, copies, dtypes, serialization, errors."""
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torch_tpu
+
+ALL_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+]
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+
+
+def test_migration_guide_program_runs_without_importing_torch_tpu():
+    out = _run(
+        """
+        import torch
+
+        x = torch.randn(2, 2, device="tpu")
+        y = torch.randn(2, 2, device="tpu")
+        z = x @ y
+
+        print(z)
+        print(z.device)
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == "tpu:0"
+    assert "device='tpu:0'" in out.stdout
+
+
+def test_autoload_off_then_import_registers():
+    out = _run(
+        """
+        import torch
+        assert torch._C._get_privateuse1_backend_name() == "privateuseone"
+        import torch_tpu
+        print(torch.ones(2, device="tpu").device)
+        """,
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "tpu:0"
+
+
+def test_forced_missing_platform_fails_clearly():
+    out = _run("import torch_tpu", TORCH_TPU_PLATFORM="tpu", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    if out.returncode == 0:
+        pytest.skip("this machine has a TPU")  # reason: the forced platform exists here
+    assert "TORCH_TPU_PLATFORM=tpu" in out.stderr
+
+
+def test_torch_tpu_module_api():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() == 1
+    assert torch.tpu.current_device() == 0
+    assert torch.tpu.is_initialized()
+    name = torch.tpu.get_device_name()
+    assert torch_tpu.platform.platform().upper() in name
+    props = torch.tpu.get_device_properties(0)
+    assert props.platform == torch_tpu.platform.platform()
+    with torch.tpu.device(0):
+        torch.tpu.synchronize()
+    x = torch.ones(1024, device="tpu")
+    assert torch.tpu.memory_allocated() >= x.numel() * 4
+    assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
+    assert "allocated_bytes.all.current" in torch.tpu.memory_stats()
+    assert torch.accelerator.current_accelerator() == torch.device("tpu")
+    s = torch.tpu.Stream()
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    start.record(s)
+    (x * 2).sum()
+    end.record(s)
+    assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
+    with torch.tpu.stream(torch.tpu.current_stream()):
+        torch.tpu.default_stream().synchronize()
+
+
+def test_devices_and_bad_device_index():
+    assert torch.device("tpu").type == "tpu"
+    assert torch.zeros(1, device="tpu:0").device == torch.device("tpu:0")
+    with pytest.raises(RuntimeError, match="tpu:7"):
+        torch.zeros(2, device="tpu:7")
+    with pytest.raises(RuntimeError, match="tpu:3"):
+        torch.tpu.set_device(3)
+    assert (torch.ones(2, device="tpu") + 1).cpu().tolist() == [2.0, 2.0]  # still works
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_round_trip_every_dtype(dtype):
+    cpu = (torch.arange(-6, 6).reshape(3, 4) * 3).to(dtype)
+    tpu = cpu.to("tpu")
+    assert tpu.dtype == dtype and tpu.device.type == "tpu" and type(tpu) is torch.Tensor
+    torch.testing.assert_close(tpu.cpu(), cpu)
+    torch.testing.assert_close(tpu.t().cpu(), cpu.t())
+
+
+def test_64_bit_values_are_not_narrowed():
+    big = torch.tensor([2**40 + 1, -(2**62)], dtype=torch.int64)
+    assert big.to("tpu").cpu().tolist() == big.tolist()
+    precise = torch.tensor([1.0 + 2**-40], dtype=torch.float64)
+    assert precise.to("tpu").cpu().item() == precise.item()
+
+
+def test_copies_with_dtype_conversion_and_non_blocking():
+    cpu = torch.tensor([[1.5, -2.5], [3.25, 4.0]])
+    tpu = cpu.to("tpu", non_blocking=True)
+    torch.testing.assert_close(tpu.to(torch.float64).cpu(), cpu.double())
+    torch.testing.assert_close(tpu.to(torch.int32).cpu(), cpu.to(torch.int32))
+    torch.testing.assert_close(tpu.to("cpu", torch.bfloat16), cpu.bfloat16())
+    target = torch.empty(2, 2, dtype=torch.float16, device="tpu")
+    target.copy_(cpu)
+    torch.testing.assert_close(target.cpu(), cpu.half())
+    host = torch.empty(2, 2, dtype=torch.float64)
+    host.copy_(tpu)
+    torch.testing.assert_close(host, cpu.double())
+    assert tpu.to("tpu:0") is tpu
+
+
+def test_item_tolist_repr_and_numpy_error():
+    t = torch.tensor([[1, 2], [3, 4]], device="tpu")
+    assert t[1, 0].item() == 3
+    assert t.tolist() == [[1, 2], [3, 4]]
+    assert "device='tpu:0'" in repr(t)
+    with pytest.raises(TypeError, match="numpy"):
+        t.numpy()
+
+
+def test_save_load_pickle_state_dict():
+    model = torch.nn.Linear(3, 2).to("tpu")
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    buf.seek(0)
+    on_tpu = torch.load(buf)
+    buf.seek(0)
+    on_cpu = torch.load(buf, map_location="cpu")
+    for k, v in model.state_dict().items():
+        assert on_tpu[k].device.type == "tpu" and on_cpu[k].device.type == "cpu"
+        torch.testing.assert_close(on_tpu[k].cpu(), v.cpu())
+        torch.testing.assert_close(on_cpu[k], v.cpu())
+    clone = pickle.loads(pickle.dumps(model.weight.detach()))
+    torch.testing.assert_close(clone.cpu(), model.weight.detach().cpu())
+    cpu_model = torch.nn.Linear(3, 2)
+    cpu_model.load_state_dict(model.state_dict())
+    torch.testing.assert_close(cpu_model.weight, model.weight.detach().cpu())
+    back = torch.nn.Linear(3, 2).to("tpu")
+    back.load_state_dict(cpu_model.state_dict())
+    torch.testing.assert_close(back.weight.detach().cpu(), cpu_model.weight.detach())
+
+
+def test_mixed_devices_and_shape_errors_are_clean():
+    a = torch.ones(2, 2, device="tpu")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + torch.ones(2, 2)
+    with pytest.raises(RuntimeError):
+        a + torch.ones(3, 3, device="tpu")
+    with pytest.raises(RuntimeError):
+        a @ torch.ones(3, 3, device="tpu")
+    with pytest.raises(RuntimeError):
+        a.add_(torch.ones(2, 2, dtype=torch.float32, device="tpu").to(torch.int64).float().view(4))
+    assert (a * 3).cpu().tolist() == [[3.0, 3.0], [3.0, 3.0]]
+    assert (a + torch.tensor(2.0)).cpu().tolist() == [[3.0, 3.0], [3.0, 3.0]]  # cpu scalar ok
+
+
+_test_lib = torch.library.Library("tpu_test", "DEF")
+_test_lib.define("scale(Tensor x, float factor) -> Tensor")
+_test_lib.impl("scale", lambda x, factor: x * factor, "CPU")
+
+
+def test_cpu_fallback_warns_counts_and_can_be_disabled():
+    # An op with only a CPU kernel stands in for any ATen op we have not lowered.
+    a = torch.randn(5)
+    torch_tpu.metrics.reset()
+    with pytest.warns(UserWarning, match="tpu_test::scale"):
+        out = torch.ops.tpu_test.scale(a.to("tpu"), 3.0)
+    assert out.device.type == "tpu"
+    torch.testing.assert_close(out.cpu(), a * 3.0)
+    assert torch_tpu.metrics.snapshot()["fallback_ops"] == {"tpu_test::scale.default": 1}
+    torch.tpu.enable_cpu_fallback = False
+    try:
+        with pytest.raises(NotImplementedError, match="tpu_test::scale"):
+            torch.ops.tpu_test.scale(a.to("tpu"), 3.0)
+    finally:
+        torch.tpu.enable_cpu_fallback = True
+    assert torch.tpu.enable_cpu_fallback is True
+
+
+def test_rng_state_round_trip_and_seeding():
+    torch.manual_seed(123)
+    first = torch.randn(4, device="tpu").cpu()
+    torch.manual_seed(123)
+    assert torch.equal(torch.randn(4, device="tpu").cpu(), first)
+    state = torch.tpu.get_rng_state()
+    a = torch.rand(3, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(torch.rand(3, device="tpu").cpu(), a)
+    assert not torch.equal(torch.rand(3, device="tpu").cpu(), a)
+    assert torch.tpu.initial_seed() == 123

@@ -1,0 +1,168 @@
+"""Writes through every kind of view reach the base and every other alias, as on CPU."""
+
+import pytest
+import torch
+
+
+def _both(fn):
+    """Run fn on a fresh CPU base and a fresh tpu base; return both bases and results."""
+    cpu = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    tpu = cpu.to("tpu")
+    return cpu, fn(cpu), tpu, fn(tpu)
+
+
+def _edit_select(x):
+    x[:, 0] = 5
+    return x[1]
+
+
+def _edit_setitem_slice(x):
+    x[1:3, ::2] = -1.0
+    return x[2]
+
+
+def _edit_transpose_inplace(x):
+    x.t_()
+    x[0].mul_(10)
+    return x
+
+
+def _edit_view_flat(x):
+    x.view(-1).add_(1)
+    return x.view(-1)
+
+
+def _edit_diagonal(x):
+    x.diagonal().zero_()
+    return x.diagonal(1)
+
+
+def _edit_unfold(x):
+    x[0].unfold(0, 2, 2).mul_(2)  # non-overlapping windows: writes are well defined
+    return x[1].unfold(0, 3, 1) + 0  # overlapping windows: read only
+
+
+def _edit_as_strided(x):
+    s = x.as_strided((2, 2), (1, 6), 1)
+    s.fill_(7)
+    return s
+
+
+def _edit_narrow(x):
+    x.narrow(1, 2, 3).sub_(100)
+    return x.narrow(0, 1, 2)
+
+
+def _edit_unsqueeze(x):
+    x.unsqueeze(0).mul_(2)
+    return x
+
+
+def _edit_expand_read(x):
+    row = x[0:1]
+    return row.expand(3, 6) + 0
+
+
+def _edit_permute(x):
+    v = x.reshape(2, 2, 6).permute(2, 0, 1)
+    v[0].fill_(-3)
+    return v
+
+
+def _edit_chain(x):
+    v = x[1:, 1:].t()[::2]
+    v.add_(1000)
+    return v
+
+
+def _edit_split(x):
+    a, b = x.split(3, dim=1)
+    b.copy_(a)
+    return b
+
+
+def _edit_squeeze(x):
+    x[None, :, None].squeeze(0).squeeze(-1)[2].fill_(9)
+    return x
+
+
+def _edit_data(x):
+    x.data.mul_(0.5)
+    return x
+
+
+def _edit_detach(x):
+    x.detach().add_(3)
+    return x
+
+
+def _edit_real_view(x):
+    x.view(torch.int32)[0, 0] = 0  # float bits reinterpreted: 0.0
+    return x.view(torch.int32)
+
+
+VIEW_EDITS = [
+    _edit_select,
+    _edit_setitem_slice,
+    _edit_transpose_inplace,
+    _edit_view_flat,
+    _edit_diagonal,
+    _edit_unfold,
+    _edit_as_strided,
+    _edit_narrow,
+    _edit_unsqueeze,
+    _edit_expand_read,
+    _edit_permute,
+    _edit_chain,
+    _edit_split,
+    _edit_squeeze,
+    _edit_data,
+    _edit_detach,
+    _edit_real_view,
+]
+
+
+@pytest.mark.parametrize("edit", VIEW_EDITS, ids=lambda f: f.__name__.removeprefix("_edit_"))
+def test_write_through_view_matches_cpu(edit):
+    cpu, cpu_out, tpu, tpu_out = _both(edit)
+    torch.testing.assert_close(tpu.cpu(), cpu)
+    torch.testing.assert_close(tpu_out.cpu(), cpu_out)
+    assert tpu._version == cpu._version
+    assert tpu.stride() == cpu.stride()
+
+
+def test_aliases_see_each_other():
+    x = torch.zeros(3, 3, device="tpu")
+    row, col, flat = x[1], x[:, 1], x.view(-1)
+    row.fill_(1)
+    assert col.cpu().tolist() == [0.0, 1.0, 0.0]
+    assert flat.cpu().tolist()[3:6] == [1.0, 1.0, 1.0]
+    assert x._version == row._version == col._version == 1
+
+
+def test_param_data_copy_and_grad_zero():
+    p = torch.nn.Parameter(torch.ones(4, device="tpu"))
+    p.data.copy_(torch.arange(4.0))
+    (p * p).sum().backward()
+    torch.testing.assert_close(p.grad.cpu(), 2 * torch.arange(4.0))
+    p.grad.zero_()
+    assert p.grad.cpu().tolist() == [0.0] * 4
+
+
+def test_view_of_int_and_bool_dtypes():
+    for dtype in (torch.int64, torch.int8, torch.bool, torch.bfloat16, torch.float16):
+        cpu = torch.zeros(3, 4, dtype=dtype)
+        tpu = cpu.to("tpu")
+        for x in (cpu, tpu):
+            x[:, 1] = 1
+            x.t()[2].fill_(1)
+        torch.testing.assert_close(tpu.cpu(), cpu)
+
+
+def test_complex_view_as_real_writes_through():
+    cpu = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    tpu = cpu.to("tpu")
+    for x in (cpu, tpu):
+        torch.view_as_real(x)[:, 1].fill_(0.5)
+    torch.testing.assert_close(tpu.cpu(), cpu)
+    torch.testing.assert_close(torch.view_as_real(tpu).cpu(), torch.view_as_real(cpu))
