@@ -85,7 +85,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     args = parser.parse_args()
     repeats = 3 if args.quick else 7
-    print(f"platform: {torch_tpu.platform.platform()}  torch {torch.__version__}  jax {jax.__version__}")
+    platform = torch_tpu.platform.platform()
+    print(f"platform: {platform}  torch {torch.__version__}  jax {jax.__version__}")
     t_ours, t_jax = per_op(repeats)
     print(f"per-op a+b 64x64: tpu strict {t_ours * 1e6:.1f} us, jax jit {t_jax * 1e6:.1f} us, "
           f"ratio {t_ours / t_jax:.2f}x (target <= 1.5x)")

@@ -41,7 +41,8 @@ def status(overload: str) -> str:
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     if has(full, "CompositeImplicitAutograd"):
         return "composite (PyTorch decomposes it before it reaches the device)"
-    if has(full, "CompositeExplicitAutograd") or has(full, "CompositeExplicitAutogradNonFunctional"):
+    explicit = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
+    if any(has(full, key) for key in explicit):
         return "composite (PyTorch's generic kernel runs it as other ops)"
     return "cpu fallback (no lowering: runs on the host)"
 

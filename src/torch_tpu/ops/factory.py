@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from .. import dtypes
 from .registry import lower
@@ -32,3 +33,70 @@ def fill_tensor(self, value):
 @lower("zero_.default")
 def zero_(self):
     return jnp.zeros_like(self)
+
+
+def _is_integral(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_
+
+
+@lower("arange.start_out", static_scalars=True)
+def arange(start, end, step=1, out=None):
+    """start + i * step, in int64 for integer results (bounds truncated, as PyTorch
+    does) and in float64 otherwise, then cast."""
+    n = out.shape[0]
+    if _is_integral(out.dtype):
+        return int(start) + int(step) * jnp.arange(n, dtype=jnp.int64)
+    return start + step * jnp.arange(n, dtype=jnp.float64)
+
+
+def _symmetric_ramp(start, end, steps: int, dtype):
+    """PyTorch's linspace: the first half counts up from start, the second half
+    down from end, so both endpoints are exact."""
+    if _is_integral(dtype):
+        start, end, dtype = jnp.trunc(start), jnp.trunc(end), jnp.float64
+    start, end = jnp.asarray(start, dtype), jnp.asarray(end, dtype)
+    if steps == 1:
+        return jnp.reshape(start, (1,))
+    step = (end - start) / (steps - 1)
+    i = jnp.arange(steps)
+    return jnp.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
+
+
+@lower("linspace.out")
+def linspace(start, end, steps, out=None):
+    return _symmetric_ramp(start, end, steps, out.dtype)
+
+
+@lower("logspace.out")
+def logspace(start, end, steps, base=10.0, out=None):
+    exponent_dtype = jnp.complex128 if jnp.iscomplexobj(out) else jnp.float64
+    if _is_integral(out.dtype):
+        start, end = jnp.trunc(start), jnp.trunc(end)
+    return jnp.power(base, _symmetric_ramp(start, end, steps, exponent_dtype))
+
+
+@lower("eye.out")
+def eye(n, out=None):
+    return jnp.eye(n, dtype=out.dtype)
+
+
+@lower("eye.m_out")
+def eye_m(n, m, out=None):
+    return jnp.eye(n, m, dtype=out.dtype)
+
+
+def _triangle_indices(row, col, offset, lower_triangle):
+    keep = np.tri(row, col, offset, dtype=bool)
+    rows, cols = np.nonzero(keep if lower_triangle else ~np.tri(row, col, offset - 1, dtype=bool))
+    return jnp.asarray(np.stack([rows, cols]))
+
+
+@lower("tril_indices.default")
+def tril_indices(row, col, offset=0, dtype=None, layout=None, device=None, pin_memory=None):
+    return _triangle_indices(row, col, offset, True)
+
+
+@lower("triu_indices.default")
+def triu_indices(row, col, offset=0, dtype=None, layout=None, device=None, pin_memory=None):
+    return _triangle_indices(row, col, offset, False)
+

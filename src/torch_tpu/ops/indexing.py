@@ -1,3 +1,489 @@
-"""Lowerings: indexing family."""
+"""Lowerings: indexing family (advanced indexing, gather/scatter, masks, unique, bins).
+
+Advanced indexing follows numpy's rules, as torch does, so an index list maps
+onto a JAX index tuple once bool masks are turned into integer indices. Ops
+whose result shape depends on values (index with a mask, nonzero, unique,
+bincount) run un-jitted; ops that only write through a mask (index_put,
+masked_scatter) stay jitted by padding the mask's positions to its size and
+dropping the padding.
+"""
 
 from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .registry import lower
+
+_MASK_DTYPES = (jnp.bool_, jnp.uint8)
+
+
+def _is_mask(ix) -> bool:
+    return ix is not None and ix.dtype in _MASK_DTYPES
+
+
+def _dim(dim: int, ndim: int) -> int:
+    return dim % ndim if ndim else 0
+
+
+def _index_tuple(indices) -> tuple:
+    return tuple(slice(None) if ix is None else ix for ix in indices)
+
+
+def _wrap_negative(ix, size: int):
+    return jnp.where(ix < 0, ix + size, ix)
+
+
+# ------------------------------------------------------------ index / index_put
+
+
+@jax.jit
+def _gather_indexed(self, indices):
+    return self[_index_tuple(indices)]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _count_nonzero(x, shape):
+    return jnp.count_nonzero(jnp.broadcast_to(x, shape))
+
+
+def _true_count(mask, shape=None) -> int:
+    """How many elements are set: the one number a data-dependent shape needs.
+    Reading it is the host sync such ops cost."""
+    return int(_count_nonzero(mask, mask.shape if shape is None else shape))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _argwhere(x, count):
+    return jnp.argwhere(x, size=count).astype(jnp.int64)
+
+
+def _concrete_indices(indices) -> list:
+    """Bool masks replaced by the integer indices of their True entries."""
+    out = []
+    for ix in indices:
+        if _is_mask(ix):
+            positions = _argwhere(ix, _true_count(ix))
+            out.extend(positions[:, d] for d in range(ix.ndim))
+        else:
+            out.append(ix)
+    return out
+
+
+@lower("index.Tensor", dynamic_shape=True)
+def index(self, indices):
+    """Dynamic only because a mask's True count sets the shape; integer indices
+    still run as one cached executable."""
+    return _gather_indexed(self, _concrete_indices(indices))
+
+
+def _indexed_shape(shape, indices) -> tuple[tuple, int]:
+    """numpy's result shape for per-dim indices, and the result axis the
+    broadcast index shape ends on."""
+    indices = list(indices) + [None] * (len(shape) - len(indices))
+    adv = [d for d, ix in enumerate(indices) if ix is not None]
+    bshape = jnp.broadcast_shapes(*(indices[d].shape for d in adv))
+    rest = [shape[d] for d, ix in enumerate(indices) if ix is None]
+    start = adv[0] if adv == list(range(adv[0], adv[-1] + 1)) else 0
+    return tuple(rest[:start]) + bshape + tuple(rest[start:]), start + len(bshape) - 1
+
+
+def _pad_axis(x, axis: int, size: int):
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths)
+
+
+def _mask_indices(mask, padded: int, first_dim: int, shape) -> list:
+    """A mask's True positions, padded to `padded` entries with an
+    out-of-range index that the scatter drops."""
+    keep = jnp.arange(padded) < jnp.sum(mask != 0)
+    positions = jnp.nonzero(mask, size=padded)
+    return [jnp.where(keep, pos, shape[first_dim + d]) for d, pos in enumerate(positions)]
+
+
+def _put_indices(shape, indices, values):
+    """Per-dim integer indices for a scatter, and values to match them.
+
+    Masks become padded positions (see _mask_indices); index arrays and
+    values that run along the masked positions are padded to match.
+    """
+    padded = max((ix.size for ix in indices if _is_mask(ix)), default=0)
+    out = []
+    for ix in indices:
+        if _is_mask(ix):
+            out.extend(_mask_indices(ix, padded, len(out), shape))
+        elif ix is None:
+            out.append(None)
+        else:
+            ix = _wrap_negative(ix, shape[len(out)])
+            if padded and ix.ndim and ix.shape[-1] != 1:
+                ix = _pad_axis(ix, ix.ndim - 1, padded)
+            out.append(ix)
+    if padded:
+        result, axis = _indexed_shape(shape, out)
+        axis -= len(result) - values.ndim
+        if axis >= 0 and values.shape[axis] != 1:
+            values = _pad_axis(values, axis, padded)
+    return out, values
+
+
+def _index_put(self, indices, values, accumulate):
+    values = values.astype(self.dtype)
+    indices, values = _put_indices(self.shape, indices, values)
+    target, _ = _indexed_shape(self.shape, indices)
+    extra = values.ndim - len(target)
+    if extra > 0:  # leading size-1 dims, as `x[i] = v` allows
+        values = values.reshape(values.shape[extra:])
+    ref = self.at[_index_tuple(indices)]
+    return ref.add(values, mode="drop") if accumulate else ref.set(values, mode="drop")
+
+
+@lower("index_put.default")
+def index_put(self, indices, values, accumulate=False):
+    return _index_put(self, indices, values, accumulate)
+
+
+@lower("_index_put_impl_.default")
+def index_put_impl(self, indices, values, accumulate=False, unsafe=False):
+    return _index_put(self, indices, values, accumulate)
+
+
+# ------------------------------------------------------------- gather / scatter
+
+
+def _dim_indices(index, dim: int) -> tuple:
+    """Full per-dim indices addressing self[..., index[i], ...] along dim."""
+    return tuple(
+        index if d == dim else lax.broadcasted_iota(jnp.int64, index.shape, d)
+        for d in range(index.ndim)
+    )
+
+
+def _scalar_safe(fn):
+    """scatters on 0-d tensors act as on one-element vectors."""
+
+    def wrapped(self, dim, index, *rest):
+        if self.ndim and index.ndim:
+            return fn(self, dim % self.ndim, index, *rest)
+        rest = [jnp.atleast_1d(r) if getattr(r, "ndim", 1) == 0 else r for r in rest]
+        out = fn(jnp.atleast_1d(self), 0, jnp.atleast_1d(index), *rest)
+        return out.reshape(self.shape)
+
+    return wrapped
+
+
+@lower("gather.default")
+def gather(self, dim, index, sparse_grad=False):
+    if self.ndim == 0 or index.ndim == 0:
+        return jnp.atleast_1d(self)[jnp.atleast_1d(index)].reshape(index.shape)
+    return self[_dim_indices(index, dim % self.ndim)]
+
+
+def _src(src, index, dtype):
+    """The part of src the index addresses, in self's dtype (src may be larger)."""
+    src = jnp.asarray(src)
+    if src.ndim == 0:
+        return src.astype(dtype)
+    return src[tuple(slice(0, n) for n in index.shape)].astype(dtype)
+
+
+@lower("scatter.src", "scatter.value")
+@_scalar_safe
+def scatter(self, dim, index, src):
+    return self.at[_dim_indices(index, dim)].set(_src(src, index, self.dtype))
+
+
+@lower("scatter.reduce", "scatter.value_reduce")
+@_scalar_safe
+def scatter_reduce_legacy(self, dim, index, src, reduce):
+    ref = self.at[_dim_indices(index, dim)]
+    src = _src(src, index, self.dtype)
+    return ref.add(src) if reduce == "add" else ref.multiply(src)
+
+
+@lower("scatter_add.default")
+@_scalar_safe
+def scatter_add(self, dim, index, src):
+    return self.at[_dim_indices(index, dim)].add(_src(src, index, self.dtype))
+
+
+def _extreme(dtype, largest: bool):
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.inf if largest else -jnp.inf
+    if dtype == jnp.bool_:
+        return largest
+    info = jnp.iinfo(dtype)
+    return info.max if largest else info.min
+
+
+_IDENTITY = {"sum": 0, "mean": 0, "prod": 1}
+
+
+@lower("scatter_reduce.two")
+@_scalar_safe
+def scatter_reduce(self, dim, index, src, reduce, include_self=True):
+    where = _dim_indices(index, dim)
+    src = _src(src, index, self.dtype)
+    base = self
+    if not include_self:
+        identity = _IDENTITY.get(reduce, _extreme(self.dtype, reduce == "amin"))
+        base = self.at[where].set(jnp.asarray(identity).astype(self.dtype))
+    ref = base.at[where]
+    if reduce in ("sum", "mean"):
+        out = ref.add(src)
+    elif reduce == "prod":
+        out = ref.multiply(src)
+    elif reduce == "amax":
+        out = ref.max(src)
+    else:
+        out = ref.min(src)
+    if reduce != "mean":
+        return out
+    count = jnp.zeros(self.shape, jnp.int64).at[where].add(1) + int(include_self)
+    count = jnp.maximum(count, 1)
+    if jnp.issubdtype(self.dtype, jnp.inexact):
+        return out / count.astype(self.dtype)
+    return jnp.floor_divide(out, count.astype(self.dtype))
+
+
+# ------------------------------------------------------------- index_* along dim
+
+
+def _along(fn):
+    """fn(self with dim moved first, flat index, args moved alike), dim moved back."""
+
+    def wrapped(self, dim, index, *rest):
+        dim, shape = _dim(dim, self.ndim), self.shape
+
+        def first(x):
+            return jnp.moveaxis(jnp.atleast_1d(x), dim, 0)
+
+        rest = [first(r) if getattr(r, "ndim", -1) == len(shape) else r for r in rest]
+        out = fn(first(self), index.reshape(-1), *rest)
+        return jnp.moveaxis(out, 0, dim).reshape(shape)
+
+    return wrapped
+
+
+@lower("index_select.default")
+def index_select(self, dim, index):
+    if self.ndim == 0:
+        return self
+    return jnp.take(self, index.reshape(-1), axis=dim % self.ndim, mode="clip")
+
+
+@lower("index_add.default")
+@_along
+def index_add(self, index, source, alpha=1):
+    return self.at[index].add((source * alpha).astype(self.dtype), mode="drop")
+
+
+@lower("index_copy.default")
+@_along
+def index_copy(self, index, source):
+    return self.at[index].set(source.astype(self.dtype), mode="drop")
+
+
+@lower("index_fill.int_Scalar", "index_fill.int_Tensor")
+@_along
+def index_fill(self, index, value):
+    return self.at[_wrap_negative(index, self.shape[0])].set(
+        jnp.asarray(value).astype(self.dtype), mode="drop"
+    )
+
+
+# ----------------------------------------------------------------------- masks
+
+
+@lower("masked_fill.Scalar", "masked_fill.Tensor")
+def masked_fill(self, mask, value):
+    return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)
+
+
+def _mask_positions(mask):
+    """Per element of the flat mask: its rank among the True elements."""
+    return jnp.cumsum(mask.reshape(-1), dtype=jnp.int64) - 1
+
+
+@lower("masked_scatter.default")
+def masked_scatter(self, mask, source):
+    mask = jnp.broadcast_to(mask, self.shape)
+    picked = source.reshape(-1)[jnp.clip(_mask_positions(mask), 0, max(source.size - 1, 0))]
+    return jnp.where(mask, picked.reshape(self.shape).astype(self.dtype), self)
+
+
+@lower("masked_scatter_backward.default")
+def masked_scatter_backward(grad_output, mask, sizes):
+    numel = math.prod(sizes)
+    mask = jnp.broadcast_to(mask, grad_output.shape).reshape(-1)
+    where = jnp.where(mask, _mask_positions(mask), numel)
+    flat = jnp.zeros((numel,), grad_output.dtype).at[where].set(
+        grad_output.reshape(-1), mode="drop"
+    )
+    return flat.reshape(tuple(sizes))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _masked_select(self, mask, count):
+    self, mask = jnp.broadcast_arrays(self, mask)
+    return self.reshape(-1)[jnp.nonzero(mask.reshape(-1), size=count)[0]]
+
+
+@lower("masked_select.default", dynamic_shape=True)
+def masked_select(self, mask):
+    count = _true_count(mask, jnp.broadcast_shapes(self.shape, mask.shape))
+    return _masked_select(self, mask, count)
+
+
+@lower("nonzero.default", dynamic_shape=True)
+def nonzero(self):
+    return _argwhere(self, _true_count(self))
+
+
+@lower("nonzero_static.default")
+def nonzero_static(self, size, fill_value=-1):
+    return jnp.argwhere(self, size=size, fill_value=fill_value).astype(jnp.int64)
+
+
+# --------------------------------------------------------------------- take/put
+
+
+@lower("take.default")
+def take(self, index):
+    return self.reshape(-1)[index]
+
+
+@lower("put.default")
+def put(self, index, source, accumulate=False):
+    flat = self.reshape(-1)
+    ref = flat.at[_wrap_negative(index, flat.size).reshape(-1)]
+    source = source.reshape(-1).astype(self.dtype)
+    return (ref.add(source) if accumulate else ref.set(source)).reshape(self.shape)
+
+
+# ---------------------------------------------------------------------- unique
+
+_EMPTY = jnp.zeros((0,), jnp.int64)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _runs(rows, sort: bool):
+    """Rows grouped into runs of equal rows, after sorting them if asked: each
+    run's row, each row's run, each run's length (padded to len(rows)), and
+    the number of runs."""
+    n = rows.shape[0]
+    order = jnp.lexsort(rows.T[::-1]) if sort else jnp.arange(n)
+    ordered = rows[order]
+    starts = jnp.concatenate([jnp.ones((1,), bool), (ordered[1:] != ordered[:-1]).any(axis=1)])
+    run = jnp.cumsum(starts, dtype=jnp.int64) - 1
+    inverse = jnp.zeros((n,), jnp.int64).at[order].set(run)
+    counts = jnp.zeros((n,), jnp.int64).at[run].add(1)
+    return jnp.zeros_like(rows).at[run].set(ordered), inverse, counts, run[-1] + 1
+
+
+def _unique(self, dim, sort: bool, return_inverse: bool, return_counts: bool):
+    """Unique elements (dim None) or slices along dim, with torch's extra outputs;
+    outputs not asked for are empty, as PyTorch returns them."""
+    moved = self.reshape(-1) if dim is None else jnp.moveaxis(self, dim, 0)
+    n = moved.shape[0]
+    if n == 0:
+        inverse = _EMPTY.reshape(self.shape) if dim is None else _EMPTY
+        return self.reshape(-1) if dim is None else self, inverse, _EMPTY
+    firsts, inverse, counts, runs = _runs(moved.reshape(n, -1), sort)
+    k = int(runs)
+    values = firsts[:k].reshape((k,) + moved.shape[1:])
+    if dim is not None:
+        values = jnp.moveaxis(values, 0, dim)
+    inverse = inverse.reshape(self.shape) if dim is None else inverse
+    return values, inverse if return_inverse else _EMPTY, counts[:k] if return_counts else _EMPTY
+
+
+@lower("_unique2.default", dynamic_shape=True)
+def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    """Always sorted: a valid order for sorted=False too."""
+    return _unique(self, None, True, return_inverse, return_counts)
+
+
+@lower("_unique.default", dynamic_shape=True)
+def unique(self, sorted=True, return_inverse=False):
+    return _unique(self, None, True, return_inverse, False)[:2]
+
+
+@lower("unique_dim.default", dynamic_shape=True)
+def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+    """Inverse and counts are always computed, as PyTorch's kernel does."""
+    return _unique(self, _dim(dim, self.ndim), True, True, True)
+
+
+@lower("unique_consecutive.default", dynamic_shape=True)
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    dim = None if dim is None else _dim(dim, self.ndim)
+    return _unique(self, dim, False, return_inverse, return_counts)
+
+
+# ---------------------------------------------------------- searching, binning
+
+
+def _search(sorted_sequence, values, right, side, sorter, out_int32):
+    side = side or ("right" if right else "left")
+    if sorter is not None:
+        sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    out_dtype = jnp.int32 if out_int32 else jnp.int64
+    if sorted_sequence.ndim == 1:
+        found = jnp.searchsorted(sorted_sequence, values, side=side)
+        return found.astype(out_dtype)
+    search = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))
+    lead = sorted_sequence.shape[:-1]
+    found = search(
+        sorted_sequence.reshape(-1, sorted_sequence.shape[-1]),
+        values.reshape(math.prod(lead), -1),
+    )
+    return found.reshape(values.shape).astype(out_dtype)
+
+
+@lower("searchsorted.Tensor", "searchsorted.Scalar")
+def searchsorted(sorted_sequence, self, out_int32=False, right=False, side=None, sorter=None):
+    dtype = jnp.result_type(sorted_sequence, self)
+    values = jnp.asarray(self).astype(dtype)
+    return _search(sorted_sequence.astype(dtype), values, right, side, sorter, out_int32)
+
+
+@lower("bucketize.Tensor", "bucketize.Scalar")
+def bucketize(self, boundaries, out_int32=False, right=False):
+    dtype = jnp.result_type(boundaries, self)
+    values = jnp.asarray(self).astype(dtype)
+    return _search(boundaries.astype(dtype), values, right, None, None, out_int32)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _bincount(self, weights, length: int):
+    if weights is None:
+        return jnp.zeros((length,), jnp.int64).at[self].add(1)
+    dtype = weights.dtype if weights.dtype in (jnp.float32, jnp.float64) else jnp.float64
+    return jnp.zeros((length,), dtype).at[self].add(weights.astype(dtype))
+
+
+@lower("bincount.default", dynamic_shape=True)
+def bincount(self, weights=None, minlength=0):
+    return _bincount(self, weights, max(int(self.max()) + 1 if self.size else 0, minlength))
+
+
+@lower("histc.default")
+def histc(self, bins=100, min=0, max=0):
+    x = self.reshape(-1)
+    low = jnp.asarray(min, x.dtype)
+    high = jnp.asarray(max, x.dtype)
+    unset = low == high
+    low = jnp.where(unset, jnp.min(x, initial=jnp.inf), low)
+    high = jnp.where(unset, jnp.max(x, initial=-jnp.inf), high)
+    flat = low == high
+    low, high = jnp.where(flat, low - 1, low), jnp.where(flat, high + 1, high)
+    pos = jnp.floor((x - low) * bins / (high - low)).astype(jnp.int64)
+    pos = jnp.where(x == high, bins - 1, pos)
+    pos = jnp.where((x >= low) & (x <= high), pos, bins)
+    return jnp.zeros((bins,), self.dtype).at[pos].add(1, mode="drop")

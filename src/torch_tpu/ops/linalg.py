@@ -1,3 +1,428 @@
-"""Lowerings: linalg family."""
+"""Lowerings: matrix products, decompositions and solvers, distances, FFTs.
+
+Every contraction runs at HIGHEST precision: XLA:CPU computes float32 dots
+exactly, but a TPU would otherwise round the operands to bfloat16, and
+results must match PyTorch's CPU to float32 tolerance on both. Half-precision
+operands accumulate in float32, as PyTorch's CPU kernels do.
+
+LU factors and pivots follow LAPACK's conventions (1-based int32 pivots of
+sequential row swaps), since PyTorch's backward formulas feed them back into
+linalg_lu_solve.
+"""
 
 from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .registry import lower
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+_tri_solve = jax.lax.linalg.triangular_solve
+
+
+def _accumulator(*arrays):
+    """float32 for half-precision operands (accumulate wider, as PyTorch's CPU does)."""
+    if any(a.dtype in (jnp.float16, jnp.bfloat16) for a in arrays):
+        return jnp.float32
+    return None
+
+
+def _einsum(spec: str, a, b):
+    return jnp.einsum(spec, a, b, precision=_HIGHEST, preferred_element_type=_accumulator(a, b))
+
+
+def _matmul(a, b):
+    return jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=_accumulator(a, b))
+
+
+def _scale_add(self, product, beta, alpha):
+    """beta * self + alpha * product; beta == 0 ignores self, so its NaNs do not leak."""
+    scaled = product * alpha
+    return jnp.where(beta == 0, scaled, scaled + beta * self)
+
+
+# ------------------------------------------------------------------ products
+
+
+@lower("mm.default", "bmm.default")
+def mm(self, mat2):
+    return _matmul(self, mat2)
+
+
+@lower("mv.default")
+def mv(self, vec):
+    return _matmul(self, vec)
+
+
+@lower("dot.default")
+def dot(self, tensor):
+    return _matmul(self, tensor)
+
+
+@lower("vdot.default")
+def vdot(self, other):
+    return _matmul(jnp.conj(self), other)
+
+
+@lower("addmm.default", "baddbmm.default")
+def addmm(self, mat1, mat2, beta=1, alpha=1):
+    return _scale_add(self, _matmul(mat1, mat2), beta, alpha)
+
+
+@lower("addmv.default")
+def addmv(self, mat, vec, beta=1, alpha=1):
+    return _scale_add(self, _matmul(mat, vec), beta, alpha)
+
+
+@lower("addbmm.default")
+def addbmm(self, batch1, batch2, beta=1, alpha=1):
+    return _scale_add(self, _einsum("bij,bjk->ik", batch1, batch2), beta, alpha)
+
+
+@lower("trace.default")
+def trace(self):
+    wide = jnp.int64 if jnp.issubdtype(self.dtype, jnp.integer) or self.dtype == jnp.bool_ else None
+    return jnp.trace(self, dtype=wide)
+
+
+@lower("linalg_cross.default")
+def linalg_cross(self, other, dim=-1):
+    shape = jnp.broadcast_shapes(self.shape, other.shape)
+    a, b = jnp.broadcast_to(self, shape), jnp.broadcast_to(other, shape)
+
+    def rolled(x, order):
+        return jnp.take(x, jnp.array(order), axis=dim)
+
+    return rolled(a, (1, 2, 0)) * rolled(b, (2, 0, 1)) - rolled(a, (2, 0, 1)) * rolled(b, (1, 2, 0))
+
+
+# ----------------------------------------------------------- LU and solvers
+
+
+def _batch_broadcast(*arrays):
+    """Broadcast the batch dims (all but the last two) of matrix stacks."""
+    batch = jnp.broadcast_shapes(*(a.shape[:-2] for a in arrays))
+    return [jnp.broadcast_to(a, batch + a.shape[-2:]) for a in arrays]
+
+
+def _lu(a):
+    """(LU, 1-based int32 pivots, row permutation with a[perm] == L @ U)."""
+    lu, pivots, perm = jax.lax.linalg.lu(a)
+    return lu, (pivots + 1).astype(jnp.int32), perm
+
+
+def _singular_info(lu):
+    """LAPACK's info: 1 + the first zero pivot of U, or 0 when A is invertible."""
+    zero = jnp.diagonal(lu, axis1=-2, axis2=-1) == 0
+    return jnp.where(zero.any(-1), jnp.argmax(zero, axis=-1) + 1, 0).astype(jnp.int32)
+
+
+def _rows(b, perm):
+    return jnp.take_along_axis(b, perm[..., :, None], axis=-2)
+
+
+def _lu_solve(lu, perm, b, trans="N"):
+    """Solve op(A) X = B for A[perm] = L U; op is identity, transpose ("T") or adjoint ("C")."""
+    if trans == "N":
+        y = _tri_solve(lu, _rows(b, perm), left_side=True, lower=True, unit_diagonal=True)
+        return _tri_solve(lu, y, left_side=True, lower=False)
+    conj = trans == "C"
+    y = _tri_solve(lu, b, left_side=True, lower=False, transpose_a=True, conjugate_a=conj)
+    y = _tri_solve(
+        lu, y, left_side=True, lower=True, transpose_a=True, conjugate_a=conj, unit_diagonal=True
+    )
+    return _rows(y, jnp.argsort(perm, axis=-1))
+
+
+def _solve_sided(lu, perm, b, left, adjoint):
+    """A X = B (left) or X A = B, with A or its adjoint, from A's LU factors."""
+    if left:
+        return _lu_solve(lu, perm, b, "C" if adjoint else "N")
+    bt = jnp.swapaxes(b, -1, -2)
+    if adjoint:  # X A^H = B  <=>  A X^H = B^H
+        return jnp.conj(jnp.swapaxes(_lu_solve(lu, perm, jnp.conj(bt)), -1, -2))
+    return jnp.swapaxes(_lu_solve(lu, perm, bt, "T"), -1, -2)
+
+
+def _pivots_to_perm(pivots, n):
+    return jax.lax.linalg.lu_pivots_to_permutation(pivots - 1, n)
+
+
+def _real_contiguous(a):
+    """Whether PyTorch factors A^T instead of A (it does for contiguous real A).
+
+    A lowering sees values, not strides, so contiguity is assumed: the
+    factors of a non-contiguous real A follow the contiguous convention.
+    """
+    return not jnp.issubdtype(a.dtype, jnp.complexfloating)
+
+
+@lower("linalg_lu_factor_ex.default")
+def linalg_lu_factor_ex(A, pivot=True, check_errors=False):
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on tpu")
+    lu, pivots, _ = _lu(A)
+    return lu, pivots, _singular_info(lu)
+
+
+@lower("linalg_lu.default")
+def linalg_lu(A, pivot=True):
+    if not pivot:
+        raise RuntimeError("linalg.lu: LU without pivoting is not implemented on tpu")
+    lu, _, perm = _lu(A)
+    m, n = A.shape[-2:]
+    k = min(m, n)
+    lower_part = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    upper_part = jnp.triu(lu[..., :k, :])
+    p = (jnp.arange(m)[:, None] == perm[..., None, :]).astype(lu.dtype)
+    return p, lower_part, upper_part
+
+
+@lower("lu_unpack.default")
+def lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
+    m, n = LU_data.shape[-2:]
+    k = min(m, n)
+    empty = jnp.zeros((0,), LU_data.dtype)
+    p = empty
+    if unpack_pivots:
+        perm = _pivots_to_perm(LU_pivots, m)
+        p = (jnp.arange(m)[:, None] == perm[..., None, :]).astype(LU_data.dtype)
+    if not unpack_data:
+        return p, empty, empty
+    lower_part = jnp.tril(LU_data[..., :, :k], -1) + jnp.eye(m, k, dtype=LU_data.dtype)
+    return p, lower_part, jnp.triu(LU_data[..., :k, :])
+
+
+@lower("linalg_lu_solve.default")
+def linalg_lu_solve(LU, pivots, B, left=True, adjoint=False):
+    LU, B = _batch_broadcast(LU, B)
+    perm = jnp.broadcast_to(_pivots_to_perm(pivots, LU.shape[-1]), LU.shape[:-1])
+    return _solve_sided(LU, perm, B, left, adjoint)
+
+
+@lower("linalg_inv_ex.default")
+def linalg_inv_ex(A, check_errors=False):
+    lu, _, perm = _lu(A)
+    eye = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=A.dtype), A.shape)
+    return _lu_solve(lu, perm, eye), _singular_info(lu)
+
+
+@lower("_linalg_solve_ex.default")
+def linalg_solve_ex(A, B, left=True, check_errors=False):
+    vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+    rhs = B[..., None] if vector else B
+    A_b, rhs = _batch_broadcast(A, rhs)
+    lu, pivots, perm = _lu(A_b)
+    x = _solve_sided(lu, perm, rhs, left, False)
+    return (x[..., 0] if vector else x), lu, pivots, _singular_info(lu)
+
+
+def _lu_for_det(A):
+    """The LU factors PyTorch's det backward expects: of A^T for real A, else of A."""
+    return _lu(jnp.swapaxes(A, -1, -2) if _real_contiguous(A) else A)
+
+
+def _permutation_sign(pivots):
+    swaps = jnp.sum(pivots != jnp.arange(1, pivots.shape[-1] + 1, dtype=pivots.dtype), axis=-1)
+    return 1 - 2 * (swaps % 2)
+
+
+@lower("_linalg_det.default")
+def linalg_det(A):
+    lu, pivots, _ = _lu_for_det(A)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    return jnp.prod(diag, axis=-1) * _permutation_sign(pivots).astype(A.dtype), lu, pivots
+
+
+@lower("_linalg_slogdet.default")
+def linalg_slogdet(A):
+    lu, pivots, _ = _lu_for_det(A)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    size = jnp.abs(diag)
+    phase = jnp.prod(jnp.where(size == 0, 0, diag / jnp.where(size == 0, 1, size)), axis=-1)
+    sign = phase * _permutation_sign(pivots).astype(A.dtype)
+    return sign, jnp.sum(jnp.log(size), axis=-1), lu, pivots
+
+
+@lower("linalg_solve_triangular.default")
+def linalg_solve_triangular(self, B, upper, left=True, unitriangular=False):
+    A, B = _batch_broadcast(self, B)
+    return _tri_solve(A, B, left_side=left, lower=not upper, unit_diagonal=unitriangular)
+
+
+@lower("triangular_solve.default")
+def triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
+    B, A = _batch_broadcast(self, A)
+    x = _tri_solve(
+        A, B, left_side=True, lower=not upper, transpose_a=transpose, unit_diagonal=unitriangular
+    )
+    return x, A
+
+
+def _cholesky_solve(L, B, upper):
+    """Solve (L L^H) X = B, or (U^H U) X = B when upper."""
+    y = _tri_solve(L, B, left_side=True, lower=not upper, transpose_a=upper, conjugate_a=upper)
+    return _tri_solve(
+        L, y, left_side=True, lower=not upper, transpose_a=not upper, conjugate_a=not upper
+    )
+
+
+@lower("_cholesky_solve_helper.default")
+def cholesky_solve_helper(self, A, upper):
+    B, A = _batch_broadcast(self, A)
+    return _cholesky_solve(A, B, upper)
+
+
+@lower("cholesky_inverse.default")
+def cholesky_inverse(self, upper=False):
+    eye = jnp.broadcast_to(jnp.eye(self.shape[-1], dtype=self.dtype), self.shape)
+    return _cholesky_solve(self, eye, upper)
+
+
+@lower("linalg_cholesky_ex.default")
+def linalg_cholesky_ex(self, upper=False, check_errors=False):
+    L = jax.lax.linalg.cholesky(self, symmetrize_input=False)
+    failed = jnp.isnan(jnp.real(jnp.diagonal(L, axis1=-2, axis2=-1)))
+    info = jnp.where(failed.any(-1), jnp.argmax(failed, axis=-1) + 1, 0).astype(jnp.int32)
+    return (jnp.conj(jnp.swapaxes(L, -1, -2)) if upper else L), info
+
+
+# ------------------------------------------------------- spectral and QR
+
+
+@lower("linalg_qr.default")
+def linalg_qr(A, mode="reduced"):
+    q, r = jax.lax.linalg.qr(A, full_matrices=mode == "complete")
+    if mode == "r":
+        return jnp.zeros((0,), A.dtype), r
+    return q, r
+
+
+@lower("_linalg_svd.default")
+def linalg_svd(A, full_matrices=False, compute_uv=True, driver=None):
+    if not compute_uv:
+        s = jax.lax.linalg.svd(A, full_matrices=False, compute_uv=False)
+        empty = jnp.zeros((0,), A.dtype)
+        return empty, s, empty
+    u, s, vh = jax.lax.linalg.svd(A, full_matrices=full_matrices)
+    return u, s, vh
+
+
+@lower("_linalg_eigh.default")
+def linalg_eigh(A, UPLO="L", compute_v=True):
+    vectors, values = jax.lax.linalg.eigh(A, lower=UPLO == "L", symmetrize_input=False)
+    return values, (vectors if compute_v else jnp.zeros((0,), A.dtype))
+
+
+@lower("linalg_lstsq.default", dynamic_shape=True)
+def linalg_lstsq(self, b, rcond=None, driver=None):
+    """Minimum-norm least squares through the SVD. Residuals exist only when every
+    matrix is tall and of full rank, so their shape depends on values."""
+    A, B = _batch_broadcast(self, b)
+    m, n = A.shape[-2:]
+    u, s, vh = jnp.linalg.svd(A, full_matrices=False)
+    eps = jnp.finfo(s.dtype).eps
+    cutoff = (eps * max(m, n) if rcond is None or rcond < 0 else rcond) * s[..., :1]
+    keep = s > cutoff
+    inv_s = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(A.dtype)
+    coeffs = _matmul(jnp.conj(jnp.swapaxes(u, -1, -2)), B) * inv_s[..., :, None]
+    x = _matmul(jnp.conj(jnp.swapaxes(vh, -1, -2)), coeffs)
+    rank = keep.sum(-1).astype(jnp.int64)
+    driver = driver or "gelsy"
+    residuals = jnp.zeros((0,), s.dtype)
+    if m > n and driver != "gelsy" or (m > n and bool((rank == n).all())):
+        residuals = jnp.sum(jnp.abs(_matmul(A, x) - B) ** 2, axis=-2)
+    if driver == "gels":
+        rank = jnp.zeros((0,), jnp.int64)
+    values = s if driver in ("gelsd", "gelss") else jnp.zeros((0,), s.dtype)
+    return x, residuals, rank, values
+
+
+# ------------------------------------------------------------- distances
+
+
+def _use_mm(p, compute_mode, rows1, rows2):
+    """PyTorch's rule for computing Euclidean distances through a matrix product."""
+    return p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and max(rows1, rows2) > 25))
+
+
+@lower("_cdist_forward.default")
+def cdist_forward(x1, x2, p, compute_mode=None):
+    x1, x2 = _batch_broadcast(x1, x2)
+    if _use_mm(p, compute_mode, x1.shape[-2], x2.shape[-2]):
+        sq1 = jnp.sum(x1 * x1, axis=-1)[..., :, None]
+        sq2 = jnp.sum(x2 * x2, axis=-1)[..., None, :]
+        cross = _matmul(x1, jnp.swapaxes(x2, -1, -2))
+        return jnp.sqrt(jnp.maximum(sq1 + sq2 - 2 * cross, 0))
+    diff = jnp.abs(x1[..., :, None, :] - x2[..., None, :, :])
+    if p == 0:
+        return jnp.sum(diff != 0, axis=-1).astype(x1.dtype)
+    if math.isinf(p):
+        return jnp.max(diff, axis=-1, initial=0)
+    if p == 1:
+        return jnp.sum(diff, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    return jnp.sum(diff**p, axis=-1) ** (1 / p)
+
+
+@lower("_cdist_backward.default")
+def cdist_backward(grad, x1, x2, p, cdist):
+    """d cdist / d x1: sign(diff) |diff|^(p-1) / dist^(p-1), zero where dist is zero."""
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    dist = cdist[..., None]
+    g = grad[..., None]
+    if p == 0:
+        return jnp.zeros_like(x1)
+    if p == 1:
+        terms = jnp.sign(diff) * g
+    elif math.isinf(p):
+        terms = jnp.sign(diff) * (jnp.abs(diff) == dist) * g
+    elif p == 2:
+        terms = diff * g / jnp.where(dist == 0, 1, dist)
+    else:
+        safe = jnp.where(dist == 0, 1, dist)
+        terms = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) * g / safe ** (p - 1)
+        if p < 1:
+            terms = jnp.where(diff == 0, 0, terms)
+    terms = jnp.where(dist == 0, 0, terms)
+    return jnp.sum(terms, axis=-2)
+
+
+# -------------------------------------------------------------------- FFT
+
+
+def _fft_scale(x, sizes, normalization):
+    """PyTorch's fft_norm_mode: 0 none, 1 by 1/sqrt(n), 2 by 1/n."""
+    n = float(np.prod(sizes)) if sizes else 1.0
+    if normalization == 1:
+        return x * (1 / math.sqrt(n))
+    if normalization == 2:
+        return x * (1 / n)
+    return x
+
+
+@lower("_fft_r2c.default")
+def fft_r2c(self, dim, normalization, onesided):
+    sizes = [self.shape[d] for d in dim]
+    out = jnp.fft.fftn(self, axes=dim) if not onesided else jnp.fft.rfftn(self, axes=dim)
+    return _fft_scale(out, sizes, normalization)
+
+
+@lower("_fft_c2r.default")
+def fft_c2r(self, dim, normalization, last_dim_size):
+    sizes = [self.shape[d] for d in dim[:-1]] + [last_dim_size]
+    out = jnp.fft.irfftn(self, s=sizes, axes=dim, norm="forward")
+    return _fft_scale(out, sizes, normalization)
+
+
+@lower("_fft_c2c.default")
+def fft_c2c(self, dim, normalization, forward):
+    sizes = [self.shape[d] for d in dim]
+    transform = jnp.fft.fftn if forward else jnp.fft.ifftn
+    out = transform(self, axes=dim, norm="backward" if forward else "forward")
+    return _fft_scale(out, sizes, normalization)

@@ -1,3 +1,968 @@
-"""Lowerings: nn family."""
+"""Lowerings: neural-network ops (activations, softmax, normalization, dropout,
+embedding, losses, convolution, pooling, upsampling), forward and backward.
+
+Half-precision inputs compute in float32 and the engine casts results back, as
+PyTorch's CPU kernels do with their "opmath" type. Where a backward op is the
+exact derivative of a smooth forward, it is written as the VJP of the forward
+lowering so the two cannot disagree; kinks (relu, hardtanh, losses) follow
+PyTorch's own choice of subgradient explicitly.
+"""
 
 from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import dtypes
+from .registry import lower
+
+_HALF = (jnp.bfloat16, jnp.float16)
+
+
+def _up(x):
+    """Half-precision arrays widened to float32 for computing."""
+    return x.astype(jnp.float32) if x is not None and x.dtype in _HALF else x
+
+
+def _vjp(fn, x, grad):
+    """d(fn)/dx applied to grad: a backward op written as the derivative of its forward."""
+    x = _up(x)
+    out, pull = jax.vjp(fn, x)
+    return pull(grad.astype(out.dtype))[0]
+
+
+def _axis(x, dim):
+    """PyTorch lets 0-d tensors use dim 0 or -1; JAX wants no axis at all."""
+    return dim if x.ndim else None
+
+
+# ----------------------------------------------------------------- activations
+
+
+@lower("relu.default")
+def relu(self):
+    return jnp.maximum(self, jnp.zeros((), self.dtype))
+
+
+@lower("threshold_backward.default")
+def threshold_backward(grad_output, self, threshold):
+    return jnp.where(self <= threshold, jnp.zeros((), grad_output.dtype), grad_output)
+
+
+@lower("leaky_relu.default")
+def leaky_relu(self, negative_slope=0.01):
+    x = _up(self)
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@lower("leaky_relu_backward.default")
+def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
+    g = _up(grad_output)
+    return jnp.where(self > 0, g, g * negative_slope)
+
+
+@lower("elu.default")
+def elu(self, alpha=1, scale=1, input_scale=1):
+    x = _up(self)
+    return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
+
+
+@lower("elu_backward.default")
+def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+    g, y = _up(grad_output), _up(self_or_result)
+    if is_result:  # y is elu's output: d/dx = input_scale * (y + alpha * scale)
+        negative = g * input_scale * (y + alpha * scale)
+    else:
+        negative = g * input_scale * alpha * scale * jnp.exp(y * input_scale)
+    return jnp.where(y <= 0, negative, g * scale)
+
+
+def _gelu(x, approximate):
+    if approximate == "tanh":
+        inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1 + jnp.tanh(inner))
+    return 0.5 * x * (1 + lax.erf(x * (1 / math.sqrt(2))))
+
+
+@lower("gelu.default")
+def gelu(self, approximate="none"):
+    return _gelu(_up(self), approximate)
+
+
+@lower("gelu_backward.default")
+def gelu_backward(grad_output, self, approximate="none"):
+    return _vjp(lambda x: _gelu(x, approximate), self, _up(grad_output))
+
+
+@lower("silu.default")
+def silu(self):
+    x = _up(self)
+    return x * jax.nn.sigmoid(x)
+
+
+@lower("mish.default")
+def mish(self):
+    x = _up(self)
+    return x * jnp.tanh(jax.nn.softplus(x))
+
+
+@lower("hardtanh.default")
+def hardtanh(self, min_val=-1, max_val=1):
+    return jnp.clip(self, min_val, max_val)
+
+
+@lower("hardtanh_backward.default")
+def hardtanh_backward(grad_output, self, min_val, max_val):
+    inside = (self > min_val) & (self < max_val)
+    return jnp.where(inside, grad_output, jnp.zeros((), grad_output.dtype))
+
+
+@lower("hardsigmoid.default")
+def hardsigmoid(self):
+    return jnp.clip(_up(self) + 3, 0, 6) / 6
+
+
+@lower("hardsigmoid_backward.default")
+def hardsigmoid_backward(grad_output, self):
+    g = _up(grad_output)
+    return jnp.where((self > -3) & (self < 3), g / 6, 0)
+
+
+@lower("hardswish.default")
+def hardswish(self):
+    x = _up(self)
+    return x * jnp.clip(x + 3, 0, 6) / 6
+
+
+@lower("hardswish_backward.default")
+def hardswish_backward(grad_output, self):
+    g, x = _up(grad_output), _up(self)
+    return jnp.where(x < -3, 0, jnp.where(x <= 3, g * (x / 3 + 0.5), g))
+
+
+@lower("softplus.default")
+def softplus(self, beta=1, threshold=20):
+    x = _up(self)
+    return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta)
+
+
+@lower("softplus_backward.default")
+def softplus_backward(grad_output, self, beta, threshold):
+    g, x = _up(grad_output), _up(self)
+    z = jnp.exp(x * beta)
+    return jnp.where(x * beta > threshold, g, g * z / (z + 1))
+
+
+@lower("log_sigmoid_forward.default")
+def log_sigmoid_forward(self):
+    x = _up(self)
+    return jax.nn.log_sigmoid(x), jnp.exp(-jnp.abs(x))
+
+
+@lower("log_sigmoid_backward.default")
+def log_sigmoid_backward(grad_output, self, buffer):
+    return _up(grad_output) * jax.nn.sigmoid(-_up(self))
+
+
+def _glu(x, dim):
+    a, b = jnp.split(x, 2, axis=dim)
+    return a * jax.nn.sigmoid(b)
+
+
+@lower("glu.default")
+def glu(self, dim=-1):
+    return _glu(_up(self), dim)
+
+
+@lower("glu_backward.default")
+def glu_backward(grad_output, self, dim):
+    return _vjp(lambda x: _glu(x, dim), self, _up(grad_output))
+
+
+@lower("_prelu_kernel.default")
+def prelu(self, weight):
+    x = _up(self)
+    return jnp.where(x > 0, x, _up(weight) * x)
+
+
+@lower("_prelu_kernel_backward.default")
+def prelu_backward(grad_output, self, weight):
+    """Both gradients at the broadcast shape: autograd sums the weight's down itself."""
+    g, x = _up(grad_output), _up(self)
+    positive = x > 0
+    return jnp.where(positive, g, _up(weight) * g), jnp.where(positive, 0, x * g)
+
+
+# ------------------------------------------------------------------- softmax
+
+
+@lower("_softmax.default")
+def softmax(self, dim, half_to_float):
+    return jax.nn.softmax(_up(self), axis=_axis(self, dim))
+
+
+@lower("_log_softmax.default")
+def log_softmax(self, dim, half_to_float):
+    return jax.nn.log_softmax(_up(self), axis=_axis(self, dim))
+
+
+@lower("_safe_softmax.default")
+def safe_softmax(self, dim, dtype=None):
+    """Softmax whose fully masked (all -inf) rows give zeros instead of NaN, as attention needs."""
+    x = _up(self) if dtype is None else self.astype(dtypes.to_jax(dtype))
+    axis = _axis(x, dim)
+    masked = jnp.all(x == -jnp.inf, axis=axis, keepdims=True)
+    return jnp.where(masked, 0, jax.nn.softmax(x, axis=axis))
+
+
+@lower("_softmax_backward_data.default")
+def softmax_backward(grad_output, output, dim, input_dtype):
+    g, y = _up(grad_output), _up(output)
+    return y * (g - jnp.sum(g * y, axis=_axis(y, dim), keepdims=True))
+
+
+@lower("_log_softmax_backward_data.default")
+def log_softmax_backward(grad_output, output, dim, input_dtype):
+    g, y = _up(grad_output), _up(output)
+    return g - jnp.exp(y) * jnp.sum(g, axis=_axis(y, dim), keepdims=True)
+
+
+# ------------------------------------------------------------- normalization
+
+
+def _affine(xhat, weight, bias, shape):
+    """xhat * weight + bias, the parameters reshaped to broadcast as `shape`."""
+    if weight is not None:
+        xhat = xhat * _up(weight).reshape(shape)
+    if bias is not None:
+        xhat = xhat + _up(bias).reshape(shape)
+    return xhat
+
+
+def _input_grad(dxhat, xhat, rstd, axes):
+    """Gradient through (x - mean(x)) * rstd, mean and variance taken over `axes`."""
+    return rstd * (
+        dxhat
+        - jnp.mean(dxhat, axes, keepdims=True)
+        - xhat * jnp.mean(dxhat * xhat, axes, keepdims=True)
+    )
+
+
+def _param_grads(grad, xhat, axes, output_mask):
+    """Weight and bias gradients (None where autograd does not want them)."""
+    weight = jnp.sum(grad * xhat, axes) if output_mask[1] else None
+    bias = jnp.sum(grad, axes) if output_mask[2] else None
+    return weight, bias
+
+
+@lower("native_layer_norm.default")
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    x = _up(input)
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    mean = jnp.mean(x, axes, keepdims=True)
+    rstd = lax.rsqrt(jnp.mean(jnp.square(x - mean), axes, keepdims=True) + eps)
+    shape = tuple(normalized_shape)
+    return _affine((x - mean) * rstd, weight, bias, shape), mean, rstd
+
+
+@lower("native_layer_norm_backward.default")
+def native_layer_norm_backward(
+    grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask
+):
+    x, g = _up(input), _up(grad_out)
+    k = x.ndim - len(normalized_shape)
+    axes, batch_axes = tuple(range(k, x.ndim)), tuple(range(k))
+    rstd = _up(rstd)
+    xhat = (x - _up(mean)) * rstd
+    dxhat = g if weight is None else g * _up(weight)
+    grad_input = _input_grad(dxhat, xhat, rstd, axes) if output_mask[0] else None
+    return (grad_input, *_param_grads(g, xhat, batch_axes, output_mask))
+
+
+def _channel(x):
+    """Shape that broadcasts a per-channel vector against an (N, C, *) tensor."""
+    return (1, -1) + (1,) * (x.ndim - 2)
+
+
+def _batch_axes(x):
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(out, save_mean, save_invstd, new running_mean, new running_var)."""
+    x = _up(input)
+    axes, shape = _batch_axes(x), _channel(x)
+    if training:
+        mean = jnp.mean(x, axes)
+        var = jnp.mean(jnp.square(x - mean.reshape(shape)), axes)
+        n = x.size // x.shape[1]
+        if running_mean is not None:
+            running_mean = (1 - momentum) * running_mean + momentum * mean
+        if running_var is not None:
+            running_var = (1 - momentum) * running_var + momentum * var * (n / max(n - 1, 1))
+    else:
+        mean, var = _up(running_mean), _up(running_var)
+    invstd = lax.rsqrt(var + eps)
+    out = _affine((x - mean.reshape(shape)) * invstd.reshape(shape), weight, bias, shape)
+    return out, mean, invstd, running_mean, running_var
+
+
+@lower(
+    "native_batch_norm.default",
+    "_native_batch_norm_legit.default",
+    writes=("running_mean", "running_var"),
+)
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lower("_native_batch_norm_legit.no_stats")
+def batch_norm_no_stats(input, weight, bias, training, momentum, eps):
+    return _batch_norm(input, weight, bias, None, None, training, momentum, eps)[:3]
+
+
+@lower("_native_batch_norm_legit_no_training.default")
+def batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
+
+
+@lower("_batch_norm_with_update.default", writes=("running_mean", "running_var"))
+def batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, invstd, new_mean, new_var = _batch_norm(
+        input, weight, bias, running_mean, running_var, True, momentum, eps
+    )
+    return out, mean, invstd, jnp.zeros((0,), jnp.uint8), new_mean, new_var
+
+
+def _batch_norm_grads(grad_out, input, weight, mean, invstd, train, output_mask):
+    x, g = _up(input), _up(grad_out)
+    axes, shape = _batch_axes(x), _channel(x)
+    invstd = _up(invstd).reshape(shape)
+    xhat = (x - _up(mean).reshape(shape)) * invstd
+    dxhat = g if weight is None else g * _up(weight).reshape(shape)
+    grad_input = None
+    if output_mask[0]:
+        grad_input = _input_grad(dxhat, xhat, invstd, axes) if train else dxhat * invstd
+    return (grad_input, *_param_grads(g, xhat, axes, output_mask))
+
+
+@lower("native_batch_norm_backward.default")
+def native_batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+    output_mask,
+):
+    if train:
+        mean, invstd = save_mean, save_invstd
+    else:
+        mean, invstd = running_mean, lax.rsqrt(_up(running_var) + eps)
+    return _batch_norm_grads(grad_out, input, weight, mean, invstd, train, output_mask)
+
+
+@lower("batch_norm_backward.default")
+def batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
+    output_mask, reserve,
+):
+    return native_batch_norm_backward(
+        grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
+        output_mask,
+    )
+
+
+@lower("native_group_norm.default")
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    x = _up(input).reshape(N, group, -1)
+    mean = jnp.mean(x, -1)
+    rstd = lax.rsqrt(jnp.mean(jnp.square(x - mean[..., None]), -1) + eps)
+    xhat = ((x - mean[..., None]) * rstd[..., None]).reshape(input.shape)
+    return _affine(xhat, weight, bias, _channel(input)), mean, rstd
+
+
+@lower("native_group_norm_backward.default")
+def native_group_norm_backward(
+    grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask
+):
+    x = _up(input).reshape(N, group, -1)
+    rstd = _up(rstd)[..., None]
+    xhat = (x - _up(mean)[..., None]) * rstd
+    g = _up(grad_out).reshape(N, C, HxW)
+    dxhat = g if weight is None else g * _up(weight)[:, None]
+    grad_input = None
+    if output_mask[0]:
+        grad_input = _input_grad(dxhat.reshape(x.shape), xhat, rstd, -1).reshape(input.shape)
+    return (grad_input, *_param_grads(g, xhat.reshape(g.shape), (0, 2), output_mask))
+
+
+# ------------------------------------------------------------------- dropout
+
+
+@lower("native_dropout.default", random=True)
+def native_dropout(key, input, p, train):
+    if train is not None and not train:
+        return input, jnp.ones(input.shape, jnp.bool_)
+    keep = jax.random.bernoulli(key, 1 - p, input.shape)
+    scale = 0.0 if p == 1 else 1 / (1 - p)
+    return input * keep.astype(input.dtype) * scale, keep
+
+
+@lower("native_dropout_backward.default")
+def native_dropout_backward(grad_output, mask, scale):
+    return grad_output * (mask.astype(grad_output.dtype) * scale)
+
+
+# ----------------------------------------------------------------- embedding
+
+
+@lower("embedding.default")
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+@lower("embedding_dense_backward.default")
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    index = indices.reshape(-1)
+    grad = _up(grad_output).reshape(index.shape[0], -1)
+    if padding_idx >= 0:
+        grad = jnp.where((index == padding_idx)[:, None], 0, grad)
+    if scale_grad_by_freq:
+        counts = jnp.zeros(num_weights, grad.dtype).at[index].add(1)
+        grad = grad / counts[index][:, None]
+    return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[index].add(grad)
+
+
+# -------------------------------------------------------------------- losses
+
+_NONE, _MEAN, _SUM = 0, 1, 2
+
+
+def _reduce(loss, reduction):
+    if reduction == _MEAN:
+        return jnp.mean(loss)
+    return jnp.sum(loss) if reduction == _SUM else loss
+
+
+def _reduce_grad(grad_output, loss_size, reduction):
+    """The upstream gradient of each loss element."""
+    g = _up(grad_output)
+    return g / loss_size if reduction == _MEAN else g
+
+
+def _nll_parts(self, target, weight, ignore_index):
+    """Class axis, safe target indices and each element's weight (0 where ignored)."""
+    class_axis = 0 if self.ndim == 1 else 1
+    valid = target != ignore_index
+    safe = jnp.where(valid, target, 0)
+    w = jnp.ones(target.shape, jnp.float32) if weight is None else _up(weight)[safe]
+    return class_axis, safe, jnp.where(valid, w, 0)
+
+
+@lower("nll_loss_forward.default", "nll_loss2d_forward.default")
+def nll_loss_forward(self, target, weight, reduction, ignore_index):
+    x = _up(self)
+    axis, safe, w = _nll_parts(x, target, weight, ignore_index)
+    picked = jnp.take_along_axis(x, jnp.expand_dims(safe, axis), axis).squeeze(axis)
+    loss = -picked * w
+    total = jnp.sum(w)
+    if reduction == _MEAN:
+        return jnp.sum(loss) / total, total
+    if reduction == _SUM:
+        return jnp.sum(loss), total
+    return loss, jnp.zeros((), w.dtype)
+
+
+@lower("nll_loss_backward.default", "nll_loss2d_backward.default")
+def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    axis, safe, w = _nll_parts(self, target, weight, ignore_index)
+    g = _up(grad_output)
+    if reduction == _MEAN:
+        g = g / _up(total_weight)
+    classes = jnp.arange(self.shape[axis]).reshape((-1,) + (1,) * (self.ndim - axis - 1))
+    hit = jnp.expand_dims(safe, axis) == classes
+    return jnp.where(hit, jnp.expand_dims(-g * w, axis), 0)
+
+
+@lower("mse_loss.default")
+def mse_loss(self, target, reduction=_MEAN):
+    return _reduce(jnp.square(_up(self) - _up(target)), reduction)
+
+
+@lower("mse_loss_backward.default")
+def mse_loss_backward(grad_output, self, target, reduction):
+    diff = _up(self) - _up(target)
+    return 2 * diff * _reduce_grad(grad_output, diff.size, reduction)
+
+
+@lower("smooth_l1_loss.default")
+def smooth_l1_loss(self, target, reduction=_MEAN, beta=1.0):
+    d = jnp.abs(_up(self) - _up(target))
+    if beta == 0:
+        return _reduce(d, reduction)
+    return _reduce(jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta), reduction)
+
+
+@lower("smooth_l1_loss_backward.default")
+def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
+    diff = _up(self) - _up(target)
+    g = _reduce_grad(grad_output, diff.size, reduction)
+    inner = jnp.sign(diff) if beta == 0 else diff / beta
+    return g * jnp.where(diff < -beta, -1.0, jnp.where(diff > beta, 1.0, inner))
+
+
+@lower("huber_loss.default")
+def huber_loss(self, target, reduction=_MEAN, delta=1.0):
+    d = jnp.abs(_up(self) - _up(target))
+    return _reduce(jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
+
+
+@lower("huber_loss_backward.default")
+def huber_loss_backward(grad_output, self, target, reduction, delta):
+    diff = _up(self) - _up(target)
+    g = _reduce_grad(grad_output, diff.size, reduction)
+    return g * jnp.clip(diff, -delta, delta)
+
+
+@lower("binary_cross_entropy.default")
+def binary_cross_entropy(self, target, weight=None, reduction=_MEAN):
+    x, t = _up(self), _up(target)
+    loss = (t - 1) * jnp.maximum(jnp.log1p(-x), -100) - t * jnp.maximum(jnp.log(x), -100)
+    if weight is not None:
+        loss = loss * _up(weight)
+    return _reduce(loss, reduction)
+
+
+@lower("binary_cross_entropy_backward.default")
+def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=_MEAN):
+    x, t = _up(self), _up(target)
+    grad = (x - t) / jnp.maximum((1 - x) * x, 1e-12) * _reduce_grad(grad_output, x.size, reduction)
+    return grad if weight is None else grad * _up(weight)
+
+
+@lower("binary_cross_entropy_with_logits.default")
+def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=_MEAN):
+    x, t = _up(self), _up(target)
+    log_sigmoid_neg = jnp.log1p(jnp.exp(-jnp.abs(x))) + jnp.maximum(-x, 0)  # -log(sigmoid(x))
+    if pos_weight is not None:
+        log_sigmoid_neg = log_sigmoid_neg * ((_up(pos_weight) - 1) * t + 1)
+    loss = (1 - t) * x + log_sigmoid_neg
+    if weight is not None:
+        loss = loss * _up(weight)
+    return _reduce(loss, reduction)
+
+
+# --------------------------------------------------------------- convolution
+
+
+def _conv_dimension_numbers(spatial):
+    names = "DHW"[3 - spatial :] if spatial <= 3 else None
+    if names is None:
+        raise NotImplementedError(f"convolution with {spatial} spatial dimensions")
+    return ("NC" + names, "OI" + names, "NC" + names)
+
+
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    spatial = x.ndim - 2
+    numbers = _conv_dimension_numbers(spatial)
+    if not transposed:
+        return lax.conv_general_dilated(
+            x, w, tuple(stride), [(p, p) for p in padding], rhs_dilation=tuple(dilation),
+            dimension_numbers=numbers, feature_group_count=groups,
+        )
+    # A transposed convolution is the input-gradient of a plain one: dilate the input by
+    # the stride and convolve with the flipped kernel, its in/out channels swapped per group.
+    c_in, kernel = w.shape[0], w.shape[2:]
+    w = w.reshape(groups, c_in // groups, -1, *kernel).swapaxes(1, 2)
+    w = jnp.flip(w.reshape(-1, c_in // groups, *kernel), tuple(range(2, 2 + spatial)))
+    pads = [
+        (d * (k - 1) - p, d * (k - 1) - p + extra)
+        for k, p, d, extra in zip(kernel, padding, dilation, output_padding)
+    ]
+    return lax.conv_general_dilated(
+        x, w, (1,) * spatial, pads, lhs_dilation=tuple(stride), rhs_dilation=tuple(dilation),
+        dimension_numbers=numbers, feature_group_count=groups,
+    )
+
+
+@lower("convolution.default")
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
+    return out if bias is None else out + bias.reshape(_channel(out))
+
+
+@lower("convolution_backward.default")
+def convolution_backward(
+    grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+    output_padding, groups, output_mask,
+):
+    def forward(x, w):
+        return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
+
+    _, pull = jax.vjp(forward, input, weight)
+    grad_input, grad_weight = pull(grad_output.astype(jnp.result_type(input, weight)))
+    grad_bias = jnp.sum(_up(grad_output), _batch_axes(grad_output)) if output_mask[2] else None
+    return (
+        grad_input if output_mask[0] else None,
+        grad_weight if output_mask[1] else None,
+        grad_bias,
+    )
+
+
+# ------------------------------------------------------------------- pooling
+
+
+def _expand(values, n, default=None):
+    """An int[n] argument as an n-tuple: PyTorch also accepts one value, or [] for a default."""
+    values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
+    if not values:
+        return default
+    return values * n if len(values) == 1 else values
+
+
+def _pool_size(size, k, s, p, d, ceil_mode):
+    """Output length of a pooling window sweep, PyTorch's rule."""
+    span = size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
+    out = span // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _windows(x, kernel, stride, padding, dilation, ceil_mode, fill):
+    """Every kernel offset's strided view of the padded input: (..., K, *out), and the
+    flat input index each element came from: (K, *out)."""
+    n = len(kernel)
+    lead, sizes = x.ndim - n, x.shape[x.ndim - n :]
+    outs = [_pool_size(*geo, ceil_mode) for geo in zip(sizes, kernel, stride, padding, dilation)]
+    config = [(0, 0, 0)] * lead + [
+        (p, (o - 1) * s + d * (k - 1) + 1 - size - p, 0)
+        for size, k, s, p, d, o in zip(sizes, kernel, stride, padding, dilation, outs)
+    ]
+    padded = lax.pad(x, jnp.asarray(fill, x.dtype), config)
+    views, flat = [], []
+    strides = np.cumprod((1,) + sizes[::-1])[-2::-1]  # row-major strides of the spatial dims
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        start = [0] * lead + [i * d for i, d in zip(offset, dilation)]
+        ends = [b + (o - 1) * s + 1 for b, o, s in zip(start[lead:], outs, stride)]
+        limit = list(x.shape[:lead]) + ends
+        views.append(lax.slice(padded, start, limit, [1] * lead + list(stride)))
+        index = 0
+        for axis, (i, o, s, p, d) in enumerate(zip(offset, outs, stride, padding, dilation)):
+            position = np.arange(o) * s - p + i * d
+            index = index + (position * strides[axis]).reshape((-1,) + (1,) * (n - axis - 1))
+        flat.append(np.broadcast_to(index, outs))
+    return jnp.stack(views, lead), np.stack(flat)
+
+
+def _lowest(dtype):
+    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
+def _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, n):
+    kernel = _expand(kernel_size, n)
+    stride = _expand(stride, n, kernel)
+    padding, dilation = _expand(padding, n), _expand(dilation, n)
+    views, flat = _windows(self, kernel, stride, padding, dilation, ceil_mode, _lowest(self.dtype))
+    lead = self.ndim - n
+    best = jnp.argmax(views, axis=lead)
+    indices = jnp.take_along_axis(jnp.asarray(flat), best.reshape((-1,) + best.shape[lead:]), 0)
+    return jnp.max(views, axis=lead), indices.reshape(best.shape).astype(jnp.int64)
+
+
+@lower("max_pool2d_with_indices.default")
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2)
+
+
+@lower("max_pool3d_with_indices.default")
+def max_pool3d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3)
+
+
+def _scatter_max_grad(grad_output, self, indices, n):
+    """Route each output's gradient to the input element its max came from."""
+    lead = self.shape[: self.ndim - n]
+    rows = math.prod(lead)
+    grad = _up(grad_output).reshape(rows, -1)
+    index = indices.reshape(rows, -1)
+    plane = math.prod(self.shape[self.ndim - n :])
+    out = jnp.zeros((rows, plane), grad.dtype).at[jnp.arange(rows)[:, None], index].add(grad)
+    return out.reshape(self.shape)
+
+
+@lower("max_pool2d_with_indices_backward.default")
+def max_pool2d_backward(grad_output, self, *geometry_and_indices):
+    indices = geometry_and_indices[-1]
+    return _scatter_max_grad(grad_output, self, indices, 2)
+
+
+@lower("max_pool3d_with_indices_backward.default")
+def max_pool3d_backward(grad_output, self, *geometry_and_indices):
+    indices = geometry_and_indices[-1]
+    return _scatter_max_grad(grad_output, self, indices, 3)
+
+
+def _avg_divisor(size, k, s, p, out, count_include_pad):
+    """Per output position along one axis: how many elements its window averages."""
+    start = np.arange(out) * s - p
+    end = np.minimum(start + k, size + p)
+    if count_include_pad:
+        return end - start
+    return np.minimum(end, size) - np.maximum(start, 0)
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor, n):
+    kernel = _expand(kernel_size, n)
+    stride, padding = _expand(stride, n, kernel), _expand(padding, n)
+    x = _up(x)
+    views, _ = _windows(x, kernel, stride, padding, (1,) * n, ceil_mode, 0)
+    total = jnp.sum(views, axis=x.ndim - n)
+    if divisor:
+        return total / divisor
+    counts = np.ones(())
+    geometry = zip(x.shape[x.ndim - n :], kernel, stride, padding, total.shape[x.ndim - n :])
+    for size, k, s, p, out in geometry:
+        counts = np.multiply.outer(counts, _avg_divisor(size, k, s, p, out, count_include_pad))
+    return total / jnp.asarray(counts, total.dtype)
+
+
+@lower("avg_pool2d.default")
+def avg_pool2d(
+    self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+    divisor_override=None,
+):
+    args = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return _avg_pool(self, *args, 2)
+
+
+@lower("avg_pool3d.default")
+def avg_pool3d(
+    self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+    divisor_override=None,
+):
+    args = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return _avg_pool(self, *args, 3)
+
+
+@lower("avg_pool2d_backward.default")
+def avg_pool2d_backward(grad_output, self, *args):
+    return _vjp(lambda x: _avg_pool(x, *args, 2), self, grad_output)
+
+
+@lower("avg_pool3d_backward.default")
+def avg_pool3d_backward(grad_output, self, *args):
+    return _vjp(lambda x: _avg_pool(x, *args, 3), self, grad_output)
+
+
+def _adaptive_bounds(size, out):
+    """PyTorch's adaptive windows along one axis: [floor(i*size/out), ceil((i+1)*size/out))."""
+    i = np.arange(out)
+    return (i * size) // out, -((-(i + 1) * size) // out)
+
+
+def _adaptive_avg(x, output_size):
+    x = _up(x)
+    n = len(output_size)
+    for axis, out in zip(range(x.ndim - n, x.ndim), output_size):
+        start, end = _adaptive_bounds(x.shape[axis], out)
+        j = np.arange(x.shape[axis])
+        inside = (j >= start[:, None]) & (j < end[:, None])
+        weights = jnp.asarray(inside / (end - start)[:, None], x.dtype)  # (out, size)
+        x = jnp.moveaxis(
+            jnp.tensordot(x, weights, ([axis], [1]), precision=lax.Precision.HIGHEST), -1, axis
+        )
+    return x
+
+
+@lower("_adaptive_avg_pool2d.default", "_adaptive_avg_pool3d.default")
+def adaptive_avg_pool(self, output_size):
+    return _adaptive_avg(self, tuple(output_size))
+
+
+@lower("_adaptive_avg_pool2d_backward.default")
+def adaptive_avg_pool2d_backward(grad_output, self):
+    return _vjp(lambda x: _adaptive_avg(x, grad_output.shape[-2:]), self, grad_output)
+
+
+@lower("_adaptive_avg_pool3d_backward.default")
+def adaptive_avg_pool3d_backward(grad_output, self):
+    return _vjp(lambda x: _adaptive_avg(x, grad_output.shape[-3:]), self, grad_output)
+
+
+def _adaptive_max(x, output_size):
+    """Gather each (variable-size) window padded to the largest by repeating its last
+    element, then take max and argmax over it."""
+    n = len(output_size)
+    lead, sizes = x.ndim - n, x.shape[x.ndim - n :]
+    strides = np.cumprod((1,) + sizes[::-1])[-2::-1]
+    flat = np.zeros(())
+    for axis, (size, out) in enumerate(zip(sizes, output_size)):
+        start, end = _adaptive_bounds(size, out)
+        width = int(np.max(end - start))
+        positions = np.minimum(start[:, None] + np.arange(width), end[:, None] - 1)  # (out, k)
+        x = jnp.take(x, positions.reshape(-1), axis=lead + 2 * axis)
+        x = x.reshape(x.shape[: lead + 2 * axis] + (out, width) + x.shape[lead + 2 * axis + 1 :])
+        flat = np.add.outer(flat, positions * strides[axis])
+    # (..., o1, k1, o2, k2, ...) -> (..., o1, o2, ..., k1 * k2 * ...)
+    order = [2 * a for a in range(n)] + [2 * a + 1 for a in range(n)]
+    x = x.transpose(tuple(range(lead)) + tuple(lead + a for a in order))
+    x = x.reshape(x.shape[: lead + n] + (-1,))
+    flat = flat.transpose(order).reshape(tuple(output_size) + (-1,))
+    best = jnp.argmax(x, axis=-1)
+    indices = jnp.take_along_axis(jnp.broadcast_to(flat, x.shape), best[..., None], -1)[..., 0]
+    return jnp.max(x, axis=-1), indices.astype(jnp.int64)
+
+
+@lower("adaptive_max_pool2d.default", "adaptive_max_pool3d.default")
+def adaptive_max_pool(self, output_size):
+    return _adaptive_max(self, tuple(output_size))
+
+
+@lower("adaptive_max_pool2d_backward.default")
+def adaptive_max_pool2d_backward(grad_output, self, indices):
+    return _scatter_max_grad(grad_output, self, indices, 2)
+
+
+@lower("adaptive_max_pool3d_backward.default")
+def adaptive_max_pool3d_backward(grad_output, self, indices):
+    return _scatter_max_grad(grad_output, self, indices, 3)
+
+
+# ---------------------------------------------------------------- upsampling
+
+
+def _source_scale(size, out, scale, align_corners=False):
+    """PyTorch's input-per-output step along one axis, in float32 as its kernels use."""
+    if align_corners:
+        return np.float32((size - 1) / (out - 1)) if out > 1 else np.float32(0)
+    if scale is not None and scale > 0:
+        return np.float32(1.0 / scale)
+    return np.float32(size) / np.float32(out)
+
+
+def _nearest(x, output_size, scales, exact):
+    n = len(output_size)
+    for axis, out, scale in zip(range(x.ndim - n, x.ndim), output_size, scales):
+        size = x.shape[axis]
+        step = _source_scale(size, out, scale)
+        position = np.arange(out, dtype=np.float32) + (np.float32(0.5) if exact else 0)
+        source = np.minimum(np.floor(position * step).astype(np.int64), size - 1)
+        x = jnp.take(x, source, axis=axis)
+    return x
+
+
+def _source(size, out, scale, align_corners, cubic):
+    """Fractional input coordinate of each output position along one axis."""
+    step = _source_scale(size, out, scale, align_corners)
+    position = np.arange(out, dtype=np.float32)
+    if align_corners:
+        return step * position
+    source = step * (position + np.float32(0.5)) - np.float32(0.5)
+    return source if cubic else np.maximum(source, 0)
+
+
+def _linear_taps(size, out, scale, align_corners):
+    source = _source(size, out, scale, align_corners, cubic=False)
+    low = source.astype(np.int64)
+    frac = source - low
+    return [(low, 1 - frac), (np.minimum(low + 1, size - 1), frac)]
+
+
+def _cubic_taps(size, out, scale, align_corners, a=-0.75):
+    """Keys' cubic convolution (A = -0.75) over the 4 neighbours, indices clamped to the edge."""
+    source = _source(size, out, scale, align_corners, cubic=True)
+    low = np.floor(source).astype(np.int64)
+    t = source - low
+    near = lambda d: ((a + 2) * d - (a + 3)) * d * d + 1  # noqa: E731  (|d| <= 1)
+    far = lambda d: ((a * d - 5 * a) * d + 8 * a) * d - 4 * a  # noqa: E731  (1 < |d| < 2)
+    weights = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+    return [(np.clip(low + k - 1, 0, size - 1), w) for k, w in enumerate(weights)]
+
+
+def _interpolate(x, output_size, align_corners, scales, taps):
+    """Separable interpolation: along each spatial axis, a weighted sum of gathered taps."""
+    x = _up(x)
+    n = len(output_size)
+    for axis, out, scale in zip(range(x.ndim - n, x.ndim), output_size, scales):
+        shape = (-1,) + (1,) * (x.ndim - axis - 1)
+        x = sum(
+            jnp.take(x, index, axis=axis) * jnp.asarray(weight.reshape(shape), x.dtype)
+            for index, weight in taps(x.shape[axis], out, scale, align_corners)
+        )
+    return x
+
+
+@lower(
+    "upsample_nearest1d.default", "upsample_nearest2d.default", "upsample_nearest3d.default"
+)
+def upsample_nearest(self, output_size, *scales):
+    return _nearest(self, output_size, scales, exact=False)
+
+
+@lower(
+    "_upsample_nearest_exact1d.default",
+    "_upsample_nearest_exact2d.default",
+    "_upsample_nearest_exact3d.default",
+)
+def upsample_nearest_exact(self, output_size, *scales):
+    return _nearest(self, output_size, scales, exact=True)
+
+
+@lower(
+    "upsample_nearest1d_backward.default",
+    "upsample_nearest2d_backward.default",
+    "upsample_nearest3d_backward.default",
+)
+def upsample_nearest_backward(grad_output, output_size, input_size, *scales):
+    zeros = jnp.zeros(tuple(input_size), grad_output.dtype)
+    return _vjp(lambda x: _nearest(x, output_size, scales, False), zeros, grad_output)
+
+
+@lower(
+    "_upsample_nearest_exact1d_backward.default",
+    "_upsample_nearest_exact2d_backward.default",
+    "_upsample_nearest_exact3d_backward.default",
+)
+def upsample_nearest_exact_backward(grad_output, output_size, input_size, *scales):
+    zeros = jnp.zeros(tuple(input_size), grad_output.dtype)
+    return _vjp(lambda x: _nearest(x, output_size, scales, True), zeros, grad_output)
+
+
+@lower(
+    "upsample_linear1d.default", "upsample_bilinear2d.default", "upsample_trilinear3d.default"
+)
+def upsample_linear(self, output_size, align_corners, *scales):
+    return _interpolate(self, output_size, align_corners, scales, _linear_taps)
+
+
+@lower(
+    "upsample_linear1d_backward.default",
+    "upsample_bilinear2d_backward.default",
+    "upsample_trilinear3d_backward.default",
+)
+def upsample_linear_backward(grad_output, output_size, input_size, align_corners, *scales):
+    zeros = jnp.zeros(tuple(input_size), grad_output.dtype)
+    return _vjp(
+        lambda x: _interpolate(x, output_size, align_corners, scales, _linear_taps), zeros,
+        grad_output,
+    )
+
+
+@lower("upsample_bicubic2d.default")
+def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _interpolate(self, output_size, align_corners, (scales_h, scales_w), _cubic_taps)
+
+
+@lower("upsample_bicubic2d_backward.default")
+def upsample_bicubic2d_backward(
+    grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None
+):
+    zeros = jnp.zeros(tuple(input_size), grad_output.dtype)
+    scales = (scales_h, scales_w)
+    return _vjp(
+        lambda x: _interpolate(x, output_size, align_corners, scales, _cubic_taps), zeros,
+        grad_output,
+    )

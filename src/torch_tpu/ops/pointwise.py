@@ -1,17 +1,530 @@
-"""Pointwise math (placeholder family filled in by its owner)."""
+"""Pointwise math with PyTorch's type promotion, forward and backward.
+
+Each lowering casts its operands to the dtype PyTorch computes the op in
+(the promoted dtype, float32 for half types as CPU kernels do, float for
+integer inputs of float functions) and leaves the final cast to the engine,
+which already knows the result dtype from PyTorch's meta kernel. Scalars
+arrive as weakly typed numbers and promote like Python scalars; 0-dim tensors
+promote with lower priority than dimensioned ones, as in PyTorch.
+"""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import functools
+import math
 
+import jax.numpy as jnp
+import jax.scipy.special as jss
+import torch
+from jax import lax
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promo
+from torch._prims_common import elementwise_dtypes
+
+from .. import dtypes
 from .registry import lower
+
+# ------------------------------------------------------------ type promotion
+
+
+def _is_scalar(x) -> bool:
+    """A Scalar argument: a Python number, or one traced as a weakly typed value."""
+    if isinstance(x, (bool, int, float, complex)):
+        return True
+    return bool(getattr(getattr(x, "aval", None), "weak_type", False))
+
+
+def _describe(x) -> tuple:
+    if _is_scalar(x):
+        return ("scalar", jnp.result_type(x).kind)
+    return ("tensor", x.ndim > 0, jnp.dtype(x.dtype))
+
+
+_SCALAR_STAND_INS = {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j}
+
+
+def _stand_in(description):
+    if description[0] == "scalar":
+        return _SCALAR_STAND_INS[description[1]]
+    _, dimensioned, dtype = description
+    return torch.empty((1,) if dimensioned else (), dtype=dtypes.to_torch(dtype), device="meta")
+
+
+@functools.lru_cache(maxsize=None)
+def _compute_dtype(descriptions: tuple, kind) -> jnp.dtype:
+    compute, _ = elementwise_dtypes(*map(_stand_in, descriptions), type_promotion_kind=kind)
+    return dtypes.to_jax(compute)
+
+
+def _cast(kind, *xs):
+    """xs (None passes through) in the dtype PyTorch computes this op in."""
+    dtype = _compute_dtype(tuple(_describe(x) for x in xs if x is not None), kind)
+    return [None if x is None else jnp.asarray(x).astype(dtype) for x in xs]
+
+
+def _like(value, x):
+    """A Scalar argument that takes no part in promotion (alpha, value) in x's dtype."""
+    return jnp.asarray(value).astype(x.dtype)
+
+
+def _is_int(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.integer)
+
+
+def _is_complex(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.complexfloating)
+
+
+def _unary(fn, kind=Promo.INT_TO_FLOAT):
+    def lowering(self):
+        return fn(*_cast(kind, self))
+
+    return lowering
+
+
+def _binary(fn, kind=Promo.DEFAULT):
+    def lowering(self, other):
+        return fn(*_cast(kind, self, other))
+
+    return lowering
+
+
+# ---------------------------------------------------------------- arithmetic
 
 
 @lower("add.Tensor", "add.Scalar")
 def add(self, other, alpha=1):
-    return jnp.add(self, other * alpha if not (isinstance(alpha, int) and alpha == 1) else other)
+    a, b = _cast(Promo.DEFAULT, self, other)
+    return a + b * _like(alpha, b)
 
 
-@lower("mm.default")
-def mm(self, mat2):
-    return jnp.matmul(self, mat2)
+@lower("sub.Tensor", "sub.Scalar")
+def sub(self, other, alpha=1):
+    a, b = _cast(Promo.DEFAULT, self, other)
+    return a - b * _like(alpha, b)
+
+
+@lower("rsub.Tensor", "rsub.Scalar")
+def rsub(self, other, alpha=1):
+    return sub(other, self, alpha)
+
+
+lower("mul.Tensor", "mul.Scalar")(_binary(jnp.multiply))
+lower("div.Tensor", "div.Scalar")(_binary(jnp.true_divide, Promo.INT_TO_FLOAT))
+
+
+def _floor_divide_float(a, b):
+    """Float floor division as PyTorch rounds it: from fmod, so a == b * q + r
+    holds as closely as floats allow; IEEE a / b when b is zero."""
+    mod = jnp.fmod(a, b)
+    quotient = (a - mod) / b
+    quotient = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), quotient - 1, quotient)
+    floored = jnp.floor(quotient)
+    floored = jnp.where(quotient - floored > 0.5, floored + 1, floored)
+    floored = jnp.where(quotient == 0, jnp.copysign(jnp.zeros_like(a), a / b), floored)
+    return jnp.where(b == 0, a / b, floored)
+
+
+def _floor_divide(a, b):
+    if _is_int(a):
+        return jnp.floor_divide(a, b)
+    return _floor_divide_float(a, b)
+
+
+def _trunc_divide(a, b):
+    if _is_int(a):
+        return lax.div(*jnp.broadcast_arrays(a, b))  # XLA rounds toward zero, like C
+    return jnp.trunc(a / b)
+
+
+_ROUNDED_DIVISIONS = {"trunc": _trunc_divide, "floor": _floor_divide}
+
+
+@lower("div.Tensor_mode", "div.Scalar_mode")
+def div_mode(self, other, rounding_mode=None):
+    if rounding_mode is None:
+        return jnp.true_divide(*_cast(Promo.INT_TO_FLOAT, self, other))
+    return _ROUNDED_DIVISIONS[rounding_mode](*_cast(Promo.DEFAULT, self, other))
+
+
+lower("floor_divide.default", "floor_divide.Scalar")(_binary(_floor_divide))
+lower("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")(
+    _binary(jnp.remainder)
+)
+lower("fmod.Tensor", "fmod.Scalar")(_binary(jnp.fmod))
+
+
+def _int_power(base, exponent):
+    """Integer power by repeated squaring over every exponent bit, wrapping on
+    overflow; negative exponents give 1/base truncated (1, -1 or 0), as PyTorch."""
+    base, exponent = jnp.broadcast_arrays(base, exponent)
+    negative = exponent < 0
+
+    def step(carry):
+        result, square, remaining = carry
+        result = jnp.where(remaining & 1, result * square, result)
+        return result, square * square, remaining >> 1
+
+    start = (jnp.ones_like(base), base, jnp.where(negative, 0, exponent))
+    result, _, _ = lax.while_loop(lambda c: jnp.any(c[2] != 0), step, start)
+    odd = (exponent & 1) != 0
+    inverse = jnp.where(base == 1, 1, jnp.where(base == -1, jnp.where(odd, -1, 1), 0))
+    return jnp.where(negative, inverse.astype(base.dtype), result)
+
+
+def _power(base, exponent):
+    if _is_int(base):
+        return _int_power(base, exponent)
+    return jnp.power(base, exponent)
+
+
+lower("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")(_binary(_power))
+
+
+@lower("addcmul.default")
+def addcmul(self, tensor1, tensor2, value=1):
+    s, a, b = _cast(Promo.DEFAULT, self, tensor1, tensor2)
+    return s + _like(value, s) * a * b
+
+
+@lower("addcdiv.default")
+def addcdiv(self, tensor1, tensor2, value=1):
+    s, a, b = _cast(Promo.DEFAULT, self, tensor1, tensor2)
+    return s + _like(value, s) * (a / b)
+
+
+@lower("lerp.Scalar", "lerp.Tensor")
+def lerp(self, end, weight):
+    """Two formulas, each exact at its end of the interval, as PyTorch."""
+    a, b, w = _cast(Promo.DEFAULT, self, end, weight)
+    diff = b - a
+    return jnp.where(jnp.abs(w) < 0.5, a + w * diff, b - diff * (1 - w))
+
+
+def _sign(x):
+    if x.dtype == jnp.bool_:
+        return x
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)  # NaN -> 0, as PyTorch
+
+
+def _sgn(x):
+    if not _is_complex(x):
+        return _sign(x)
+    magnitude = jnp.abs(x)
+    return jnp.where(magnitude == 0, 0, x / jnp.where(magnitude == 0, 1, magnitude))
+
+
+def _keep_ints(fn):
+    """Rounding functions leave integer tensors unchanged."""
+    return lambda x: x if _is_int(x) or x.dtype == jnp.bool_ else fn(x)
+
+
+def _frac(x):
+    return x - jnp.trunc(x)
+
+
+lower("neg.default", "_neg_view.default")(_unary(jnp.negative, Promo.DEFAULT))
+lower("abs.default")(_unary(jnp.abs, Promo.DEFAULT))
+lower("sign.default")(_unary(_sign, Promo.DEFAULT))
+lower("sgn.default")(_unary(_sgn, Promo.DEFAULT))
+lower("floor.default")(_unary(_keep_ints(jnp.floor), Promo.DEFAULT))
+lower("ceil.default")(_unary(_keep_ints(jnp.ceil), Promo.DEFAULT))
+lower("round.default")(_unary(_keep_ints(jnp.round), Promo.DEFAULT))  # half to even
+lower("trunc.default")(_unary(_keep_ints(jnp.trunc), Promo.DEFAULT))
+lower("frac.default")(_unary(_frac, Promo.DEFAULT))
+
+
+@lower("round.decimals")
+def round_decimals(self, decimals):
+    (x,) = _cast(Promo.DEFAULT, self)
+    scale = 10.0 ** abs(decimals)
+    if decimals >= 0:
+        return jnp.round(x * scale) / scale
+    return jnp.round(x / scale) * scale
+
+
+# ------------------------------------------------------ elementary functions
+
+
+def _rsqrt(x):
+    return 1 / jnp.sqrt(x) if _is_complex(x) else lax.rsqrt(x)
+
+
+def _sigmoid(x):
+    return 1 / (1 + jnp.exp(-x)) if _is_complex(x) else lax.logistic(x)
+
+
+def _digamma(x):
+    """PyTorch's poles: digamma(±0) is ∓inf, negative integers give NaN."""
+    pole = jnp.where(jnp.signbit(x), jnp.inf, -jnp.inf).astype(x.dtype)
+    return jnp.where(x == 0, pole, jss.digamma(x))
+
+
+def _spherical_bessel_j0(x):
+    safe = jnp.where(x == 0, 1, x)
+    value = jnp.where(x == 0, 1, jnp.sin(safe) / safe)
+    return jnp.where(jnp.isinf(x), 0, value)
+
+
+_FLOAT_FUNCTIONS = {
+    "exp": jnp.exp,
+    "exp2": jnp.exp2,
+    "expm1": jnp.expm1,
+    "log": jnp.log,
+    "log2": jnp.log2,
+    "log10": jnp.log10,
+    "log1p": jnp.log1p,
+    "sqrt": jnp.sqrt,
+    "rsqrt": _rsqrt,
+    "reciprocal": jnp.reciprocal,
+    "sin": jnp.sin,
+    "cos": jnp.cos,
+    "tan": jnp.tan,
+    "asin": jnp.arcsin,
+    "acos": jnp.arccos,
+    "atan": jnp.arctan,
+    "sinh": jnp.sinh,
+    "cosh": jnp.cosh,
+    "tanh": jnp.tanh,
+    "asinh": jnp.arcsinh,
+    "acosh": jnp.arccosh,
+    "atanh": jnp.arctanh,
+    "sigmoid": _sigmoid,
+    "erf": lax.erf,
+    "erfc": lax.erfc,
+    "erfinv": lax.erf_inv,
+    "lgamma": lax.lgamma,
+    "digamma": _digamma,
+    "i0": jss.i0,
+    "sinc": jnp.sinc,
+    "special_i0e": jss.i0e,
+    "special_i1": jss.i1,
+    "special_i1e": jss.i1e,
+    "special_ndtri": jss.ndtri,
+    "special_log_ndtr": jss.log_ndtr,
+    "special_erfcx": jss.erfcx,
+    "special_entr": jss.entr,
+    "special_spherical_bessel_j0": _spherical_bessel_j0,
+}
+for _name, _fn in _FLOAT_FUNCTIONS.items():
+    lower(f"{_name}.default")(_unary(_fn))
+
+
+@lower("polygamma.default")
+def polygamma(n, self):
+    (x,) = _cast(Promo.INT_TO_FLOAT, self)
+    return _digamma(x) if n == 0 else jss.polygamma(n, x)
+
+
+@lower("logit.default")
+def logit(self, eps=None):
+    (x,) = _cast(Promo.INT_TO_FLOAT, self)
+    if eps is not None:
+        x = jnp.clip(x, eps, 1 - eps)
+    return jnp.log(x / (1 - x))
+
+
+def _xlogy(log):
+    """x * log(y) that is 0 where x is 0, unless y is NaN."""
+
+    def fn(x, y):
+        value = jnp.where(x == 0, 0, x * log(y))
+        return jnp.where(jnp.isnan(y), jnp.nan, value)
+
+    return fn
+
+
+lower("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self")(
+    _binary(_xlogy(jnp.log), Promo.INT_TO_FLOAT)
+)
+lower(
+    "special_xlog1py.default", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar"
+)(_binary(_xlogy(jnp.log1p), Promo.INT_TO_FLOAT))
+lower("special_zeta.default", "special_zeta.other_scalar", "special_zeta.self_scalar")(
+    _binary(jss.zeta, Promo.INT_TO_FLOAT)
+)
+lower("igamma.default")(_binary(jss.gammainc))
+lower("igammac.default")(_binary(jss.gammaincc))
+lower("atan2.default")(_binary(jnp.arctan2, Promo.INT_TO_FLOAT))
+lower("hypot.default")(_binary(jnp.hypot))
+lower("copysign.Tensor", "copysign.Scalar")(_binary(jnp.copysign, Promo.INT_TO_FLOAT))
+lower("nextafter.default")(_binary(jnp.nextafter))
+lower("logaddexp.default")(_binary(jnp.logaddexp))
+lower("logaddexp2.default")(_binary(jnp.logaddexp2))
+lower("gcd.default")(_binary(jnp.gcd))
+lower("lcm.default")(_binary(jnp.lcm))
+
+
+@lower("heaviside.default")
+def heaviside(self, values):
+    x, v = _cast(Promo.DEFAULT, self, values)
+    return jnp.where(x == 0, v, (x > 0).astype(x.dtype))
+
+
+# ----------------------------------------------------- autograd helper ops
+
+
+def _conj(x):
+    return jnp.conj(x) if _is_complex(x) else x
+
+
+@lower("sigmoid_backward.default")
+def sigmoid_backward(grad_output, output):
+    g, y = _cast(Promo.DEFAULT, grad_output, output)
+    return g * _conj((1 - y) * y)
+
+
+@lower("tanh_backward.default")
+def tanh_backward(grad_output, output):
+    g, y = _cast(Promo.DEFAULT, grad_output, output)
+    return g * _conj(1 - y * y)
+
+
+@lower("logit_backward.default")
+def logit_backward(grad_output, self, eps=None):
+    """Zero outside [eps, 1 - eps]; NaN outside [0, 1] when eps is None."""
+    g, x = _cast(Promo.DEFAULT, grad_output, self)
+    lo, hi, outside = (0.0, 1.0, jnp.nan) if eps is None else (eps, 1 - eps, 0.0)
+    return jnp.where((x < lo) | (x > hi), outside, g / (x * (1 - x)))
+
+
+# ------------------------------------------------------- min, max, clamp
+
+
+lower("minimum.default")(_binary(jnp.minimum, Promo.NO_OPMATH))  # NaN propagates
+lower("maximum.default")(_binary(jnp.maximum, Promo.NO_OPMATH))
+lower("fmin.default")(_binary(jnp.fmin, Promo.NO_OPMATH))  # NaN ignored
+lower("fmax.default")(_binary(jnp.fmax, Promo.NO_OPMATH))
+
+
+@lower("clamp.default", "clamp.Tensor")
+def clamp(self, min=None, max=None):
+    """max(x, min) then min(.., max): a NaN anywhere gives NaN; min > max gives max."""
+    x, lo, hi = _cast(Promo.NO_OPMATH, self, min, max)
+    if lo is not None:
+        x = jnp.maximum(x, lo)
+    if hi is not None:
+        x = jnp.minimum(x, hi)
+    return x
+
+
+@lower("clamp_min.default", "clamp_min.Tensor")
+def clamp_min(self, min):
+    return clamp(self, min, None)
+
+
+@lower("clamp_max.default", "clamp_max.Tensor")
+def clamp_max(self, max):
+    return clamp(self, None, max)
+
+
+@lower("where.self")
+def where(condition, self, other):
+    a, b = _cast(Promo.NO_OPMATH, self, other)
+    return jnp.where(condition.astype(jnp.bool_), a, b)
+
+
+# ------------------------------------------------------- float classification
+
+
+@lower("nan_to_num.default")
+def nan_to_num(self, nan=None, posinf=None, neginf=None):
+    if _is_complex(self):
+        parts = (nan_to_num(p, nan, posinf, neginf) for p in (self.real, self.imag))
+        return lax.complex(*parts)
+    if not jnp.issubdtype(self.dtype, jnp.floating):
+        return self
+    info = jnp.finfo(self.dtype)
+    x = jnp.where(jnp.isnan(self), 0.0 if nan is None else nan, self)
+    x = jnp.where(x == jnp.inf, info.max if posinf is None else posinf, x)
+    return jnp.where(x == -jnp.inf, info.min if neginf is None else neginf, x)
+
+
+lower("isnan.default")(jnp.isnan)
+lower("isinf.default")(jnp.isinf)
+lower("isposinf.default")(jnp.isposinf)
+lower("isneginf.default")(jnp.isneginf)
+
+
+@lower("signbit.default")
+def signbit(self):
+    return jnp.zeros(self.shape, jnp.bool_) if self.dtype == jnp.bool_ else jnp.signbit(self)
+
+
+# ----------------------------------------------------------- comparisons
+
+
+_COMPARISONS = {
+    "eq": jnp.equal,
+    "ne": jnp.not_equal,
+    "lt": jnp.less,
+    "le": jnp.less_equal,
+    "gt": jnp.greater,
+    "ge": jnp.greater_equal,
+}
+for _name, _fn in _COMPARISONS.items():
+    lower(f"{_name}.Tensor", f"{_name}.Scalar")(_binary(_fn, Promo.ALWAYS_BOOL))
+
+
+# --------------------------------------------------------- logical, bitwise
+
+
+def _truth(x):
+    return jnp.asarray(x) != 0
+
+
+def _logical(fn):
+    return lambda self, other: fn(_truth(self), _truth(other))
+
+
+lower("logical_and.default")(_logical(jnp.logical_and))
+lower("logical_or.default")(_logical(jnp.logical_or))
+lower("logical_xor.default")(_logical(jnp.logical_xor))
+lower("logical_not.default")(lambda self: ~_truth(self))
+
+for _name, _fn in {"and": jnp.bitwise_and, "or": jnp.bitwise_or, "xor": jnp.bitwise_xor}.items():
+    lower(f"bitwise_{_name}.Tensor", f"bitwise_{_name}.Scalar", f"bitwise_{_name}.Scalar_Tensor")(
+        _binary(_fn)
+    )
+lower("bitwise_not.default")(jnp.invert)
+
+# XLA shifts give 0 (left) or the sign fill (right) for counts outside the
+# type's width, negative counts included: PyTorch's semantics.
+_SHIFT_OVERLOADS = ("Tensor", "Tensor_Scalar", "Scalar_Tensor")
+lower(
+    *(f"bitwise_left_shift.{o}" for o in _SHIFT_OVERLOADS),
+    "__lshift__.Tensor",
+    "__lshift__.Scalar",
+    "__ilshift__.Tensor",
+    "__ilshift__.Scalar",
+)(_binary(jnp.left_shift))
+lower(
+    *(f"bitwise_right_shift.{o}" for o in _SHIFT_OVERLOADS),
+    "__rshift__.Tensor",
+    "__rshift__.Scalar",
+    "__irshift__.Tensor",
+    "__irshift__.Scalar",
+)(_binary(jnp.right_shift))
+
+
+# ------------------------------------------------------------------ complex
+
+
+lower("_conj.default", "_conj_physical.default", "conj_physical_.default")(_conj)
+
+
+@lower("angle.default")
+def angle(self):
+    (x,) = _cast(Promo.INT_TO_FLOAT, self)
+    if _is_complex(x):
+        return jnp.angle(x)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, math.pi, 0).astype(x.dtype))
+
+
+@lower("complex.default")
+def complex_(real, imag):
+    return lax.complex(real, imag)
+
+
+@lower("polar.default")
+def polar(abs, angle):
+    return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))

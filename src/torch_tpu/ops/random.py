@@ -1,3 +1,137 @@
-"""Lowerings: random family."""
+"""Lowerings: random sampling. Each receives a fresh PRNG key first (see torch_tpu.rng).
+
+torch.rand/randn/randint/randperm and dropout reach these through PyTorch's
+composites (empty + uniform_/normal_/random_/bernoulli_). The generator
+argument is ignored: tpu randomness comes from torch_tpu.rng.
+"""
 
 from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .registry import lower
+
+
+def _float_dtype(dtype):
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.float32
+
+
+def _uniform(key, shape, dtype, low=0.0, high=1.0):
+    """Uniform in [low, high); sampled in the target precision so it never rounds up to high."""
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        dtype = jnp.finfo(dtype).dtype
+    return jax.random.uniform(key, shape, _float_dtype(dtype), low, high)
+
+
+@lower("uniform_.default", random=True)
+def uniform_(key, self, low=0.0, high=1.0, generator=None):
+    return _uniform(key, self.shape, self.dtype, low, high)
+
+
+@lower("normal_.default", random=True)
+def normal_(key, self, mean=0.0, std=1.0, generator=None):
+    return jax.random.normal(key, self.shape, _float_dtype(self.dtype)) * std + mean
+
+
+def _normal_like(key, mean, std):
+    shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
+    dtype = jnp.result_type(mean, std)
+    return jax.random.normal(key, shape, _float_dtype(dtype)) * std + mean
+
+
+@lower("normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor", random=True)
+def normal_tensor(key, mean, std, generator=None):
+    return _normal_like(key, mean, std)
+
+
+@lower("log_normal_.default", random=True)
+def log_normal_(key, self, mean=1.0, std=2.0, generator=None):
+    return jnp.exp(jax.random.normal(key, self.shape, _float_dtype(self.dtype)) * std + mean)
+
+
+@lower("exponential_.default", random=True)
+def exponential_(key, self, lambd=1.0, generator=None):
+    return -jnp.log1p(-_uniform(key, self.shape, self.dtype)) / lambd
+
+
+@lower("cauchy_.default", random=True)
+def cauchy_(key, self, median=0.0, sigma=1.0, generator=None):
+    return median + sigma * jnp.tan(jnp.pi * (_uniform(key, self.shape, self.dtype) - 0.5))
+
+
+@lower("geometric_.default", random=True)
+def geometric_(key, self, p, generator=None):
+    """Trials up to the first success: support 1, 2, 3, ..."""
+    u = _uniform(key, self.shape, jnp.float64 if self.dtype == jnp.float64 else jnp.float32)
+    return jnp.floor(jnp.log1p(-u) / jnp.log1p(-p)) + 1
+
+
+@lower("bernoulli_.float", random=True)
+def bernoulli_float(key, self, p=0.5, generator=None):
+    return _uniform(key, self.shape, jnp.float32) < p
+
+
+@lower("bernoulli_.Tensor", random=True)
+def bernoulli_tensor(key, self, p, generator=None):
+    return _uniform(key, self.shape, _float_dtype(p.dtype)) < jnp.broadcast_to(p, self.shape)
+
+
+@lower("bernoulli.default", random=True)
+def bernoulli(key, self, generator=None):
+    return _uniform(key, self.shape, _float_dtype(self.dtype)) < self
+
+
+def _integers(key, shape, dtype, low, high):
+    """Integers in [low, high] (inclusive; any 64-bit span), as dtype."""
+    span = high - low + 1
+    bits = jax.random.bits(key, shape, jnp.uint64)
+    if span < 2**64:
+        bits = bits % np.uint64(span)
+    value = jax.lax.bitcast_convert_type(bits + np.uint64(low % 2**64), jnp.int64)
+    return value.astype(dtype)
+
+
+def _default_high(dtype) -> int:
+    """random_'s inclusive upper bound: the dtype's max, or 2**mantissa for floats
+    (so every value is exactly representable)."""
+    if dtype == jnp.bool_:
+        return 1
+    if jnp.issubdtype(dtype, jnp.integer):
+        return int(jnp.iinfo(dtype).max)
+    return 2 ** (jnp.finfo(dtype).nmant + 1)
+
+
+@lower("random_.default", random=True)
+def random_(key, self, generator=None):
+    return _integers(key, self.shape, self.dtype, 0, _default_high(self.dtype))
+
+
+@lower("random_.from", random=True)
+def random_from(key, self, low, high=None, generator=None):
+    high = _default_high(self.dtype) if high is None else high - 1
+    return _integers(key, self.shape, self.dtype, low, high)
+
+
+@lower("random_.to", random=True)
+def random_to(key, self, high, generator=None):
+    return _integers(key, self.shape, self.dtype, 0, high - 1)
+
+
+@lower("randperm.generator_out", random=True)
+def randperm(key, n, generator=None, out=None):
+    return jax.random.permutation(key, n).astype(out.dtype)
+
+
+@lower("multinomial.default", random=True)
+def multinomial(key, self, num_samples, replacement=False, generator=None):
+    """With replacement: independent categorical draws. Without: the top-k of
+    Gumbel-perturbed log-probabilities, which samples without replacement."""
+    logits = jnp.log(self.astype(_float_dtype(self.dtype)))
+    batch = self.shape[:-1]
+    if replacement:
+        shape = batch + (num_samples,)
+        return jax.random.categorical(key, logits[..., None, :], axis=-1, shape=shape)
+    perturbed = logits + jax.random.gumbel(key, self.shape, logits.dtype)
+    return jax.lax.top_k(perturbed, num_samples)[1]

@@ -1,6 +1,6 @@
 """Lowerings: reduction family (sums, statistics, extrema, scans, sorting, norms).
 
-Torch conventions kept here: `dim=None` and `dim=[]` reduce every axis, a
+Torch conventions kept here: `dim=None` and (mostly) `dim=[]` reduce every axis, a
 0-d tensor accepts dim 0/-1, integers and bool accumulate in int64, half
 floats accumulate in float32, NaN is the largest value (it propagates
 through min/max and sorts last ascending), and ties pick the first index.
@@ -23,11 +23,12 @@ _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # ------------------------------------------------------------------ helpers
 
 
-def _axes(x, dim) -> tuple[int, ...]:
-    """Normalised reduction axes: None or [] mean all of them, negatives wrap."""
+def _axes(x, dim, empty_is_all: bool = True) -> tuple[int, ...]:
+    """Normalised reduction axes: None means all of them, and so does [] except
+    for the ops (all.dims, any.dims, nansum) where it means none; negatives wrap."""
     if isinstance(dim, int):
         dim = (dim,)
-    if dim is None or len(dim) == 0:
+    if dim is None or (len(dim) == 0 and empty_is_all):
         return tuple(range(x.ndim))
     if x.ndim == 0:
         return ()
@@ -98,7 +99,7 @@ def sum_dim(self, dim, keepdim=False, dtype=None):
 
 @lower("nansum.default")
 def nansum(self, dim=None, keepdim=False, dtype=None):
-    return jnp.nansum(_acc(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
+    return jnp.nansum(_acc(self, dtype), axis=_axes(self, dim, False), keepdims=keepdim)
 
 
 @lower("mean.default")
@@ -261,7 +262,7 @@ def all_dim(self, dim, keepdim=False):
 
 @lower("all.dims")
 def all_dims(self, dim=None, keepdim=False):
-    return jnp.all(self, axis=_axes(self, dim), keepdims=keepdim)
+    return jnp.all(self, axis=_axes(self, dim, False), keepdims=keepdim)
 
 
 @lower("any.default")
@@ -276,7 +277,7 @@ def any_dim(self, dim, keepdim=False):
 
 @lower("any.dims")
 def any_dims(self, dim=None, keepdim=False):
-    return jnp.any(self, axis=_axes(self, dim), keepdims=keepdim)
+    return jnp.any(self, axis=_axes(self, dim, False), keepdims=keepdim)
 
 
 # ------------------------------------------------------------------- scans

@@ -26,7 +26,8 @@ def sweep(names: list[str] | None, limit: int, log=print) -> dict:
         row = {}
         for dtype in opinfo.FORWARD_DTYPES:
             if dtype in supported:
-                row[str(dtype).removeprefix("torch.")] = _as_dict(opinfo.run(op, dtype, limit=limit))
+                outcome = opinfo.run(op, dtype, limit=limit)
+                row[str(dtype).removeprefix("torch.")] = _as_dict(outcome)
         if op.supports_autograd and torch.float32 in supported:
             row["grad_float32"] = _as_dict(opinfo.run(op, torch.float32, grad=True, limit=limit))
         results[name] = row
