@@ -179,6 +179,8 @@ def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
 
 
 def _wrap(meta, value):
+    if meta is ABSENT:
+        return None
     if isinstance(meta, list):
         return [_wrap(m, v) for m, v in zip(meta, value)]
     shape, dtype = meta
@@ -222,7 +224,12 @@ def _meta_run(spec: OpSpec, values: list):
     return meta_values, result
 
 
+ABSENT = "absent"  # an output the op does not produce (a masked-out gradient)
+
+
 def _describe(t) -> object:
+    if t is None:
+        return ABSENT
     if isinstance(t, (list, tuple)):
         return [_describe(x) for x in t]
     return (tuple(t.shape), t.dtype)
@@ -272,6 +279,8 @@ def _eval_shapes(spec: OpSpec, layout: tuple) -> list:
 
 
 def _meta_of(s):
+    if s is None:
+        return ABSENT
     if isinstance(s, (list, tuple)):
         return [_meta_of(x) for x in s]
     return (tuple(s.shape), dtypes.to_torch(s.dtype))
@@ -356,6 +365,8 @@ def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
 
 def _finish(out, meta, spec: OpSpec):
     """A fresh output as a flat array of PyTorch's dtype, after checking its shape."""
+    if meta is ABSENT:
+        return None
     if isinstance(out, (list, tuple)):
         metas = meta if meta is not None else [None] * len(out)
         return [_finish(o, m, spec) for o, m in zip(out, metas)]

@@ -340,14 +340,14 @@ def batch_norm_with_update(input, weight, bias, running_mean, running_var, momen
 
 
 def _batch_norm_grads(grad_out, input, weight, mean, invstd, train, output_mask):
+    """Input gradient always (PyTorch's meta kernel promises one whatever the mask says),
+    weight and bias gradients as the mask asks."""
     x, g = _up(input), _up(grad_out)
     axes, shape = _batch_axes(x), _channel(x)
     invstd = _up(invstd).reshape(shape)
     xhat = (x - _up(mean).reshape(shape)) * invstd
     dxhat = g if weight is None else g * _up(weight).reshape(shape)
-    grad_input = None
-    if output_mask[0]:
-        grad_input = _input_grad(dxhat, xhat, invstd, axes) if train else dxhat * invstd
+    grad_input = _input_grad(dxhat, xhat, invstd, axes) if train else dxhat * invstd
     return (grad_input, *_param_grads(g, xhat, axes, output_mask))
 
 
@@ -437,7 +437,7 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
 
 # -------------------------------------------------------------------- losses
 
-_NONE, _MEAN, _SUM = 0, 1, 2
+_MEAN, _SUM = 1, 2  # PyTorch's Reduction enum; 0 is "none"
 
 
 def _reduce(loss, reduction):
@@ -557,16 +557,10 @@ def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
 # --------------------------------------------------------------- convolution
 
 
-def _conv_dimension_numbers(spatial):
-    names = "DHW"[3 - spatial :] if spatial <= 3 else None
-    if names is None:
-        raise NotImplementedError(f"convolution with {spatial} spatial dimensions")
-    return ("NC" + names, "OI" + names, "NC" + names)
-
-
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     spatial = x.ndim - 2
-    numbers = _conv_dimension_numbers(spatial)
+    names = "DHW"[3 - spatial :]  # PyTorch convolves 1, 2 or 3 spatial dimensions
+    numbers = ("NC" + names, "OI" + names, "NC" + names)
     if not transposed:
         return lax.conv_general_dilated(
             x, w, tuple(stride), [(p, p) for p in padding], rhs_dilation=tuple(dilation),
@@ -694,14 +688,16 @@ def _scatter_max_grad(grad_output, self, indices, n):
 
 
 @lower("max_pool2d_with_indices_backward.default")
-def max_pool2d_backward(grad_output, self, *geometry_and_indices):
-    indices = geometry_and_indices[-1]
+def max_pool2d_backward(
+    grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
+):
     return _scatter_max_grad(grad_output, self, indices, 2)
 
 
 @lower("max_pool3d_with_indices_backward.default")
-def max_pool3d_backward(grad_output, self, *geometry_and_indices):
-    indices = geometry_and_indices[-1]
+def max_pool3d_backward(
+    grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices
+):
     return _scatter_max_grad(grad_output, self, indices, 3)
 
 
@@ -871,14 +867,22 @@ def _linear_taps(size, out, scale, align_corners):
     return [(low, 1 - frac), (np.minimum(low + 1, size - 1), frac)]
 
 
-def _cubic_taps(size, out, scale, align_corners, a=-0.75):
-    """Keys' cubic convolution (A = -0.75) over the 4 neighbours, indices clamped to the edge."""
+def _cubic_near(d, a=-0.75):
+    """Keys' cubic convolution weight at distance |d| <= 1 (PyTorch's A = -0.75)."""
+    return ((a + 2) * d - (a + 3)) * d * d + 1
+
+
+def _cubic_far(d, a=-0.75):
+    """Keys' cubic convolution weight at distance 1 < |d| < 2."""
+    return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+
+
+def _cubic_taps(size, out, scale, align_corners):
+    """The 4 neighbours of each source coordinate, indices clamped to the edge."""
     source = _source(size, out, scale, align_corners, cubic=True)
     low = np.floor(source).astype(np.int64)
     t = source - low
-    near = lambda d: ((a + 2) * d - (a + 3)) * d * d + 1  # noqa: E731  (|d| <= 1)
-    far = lambda d: ((a * d - 5 * a) * d + 8 * a) * d - 4 * a  # noqa: E731  (1 < |d| < 2)
-    weights = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+    weights = [_cubic_far(t + 1), _cubic_near(t), _cubic_near(1 - t), _cubic_far(2 - t)]
     return [(np.clip(low + k - 1, 0, size - 1), w) for k, w in enumerate(weights)]
 
 

@@ -49,7 +49,7 @@ def _stand_in(description):
     return torch.empty((1,) if dimensioned else (), dtype=dtypes.to_torch(dtype), device="meta")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compute_dtype(descriptions: tuple, kind) -> jnp.dtype:
     compute, _ = elementwise_dtypes(*map(_stand_in, descriptions), type_promotion_kind=kind)
     return dtypes.to_jax(compute)
@@ -299,6 +299,8 @@ _FLOAT_FUNCTIONS = {
     "special_i0e": jss.i0e,
     "special_i1": jss.i1,
     "special_i1e": jss.i1e,
+    "special_modified_bessel_i0": jss.i0,
+    "special_modified_bessel_i1": jss.i1,
     "special_ndtri": jss.ndtri,
     "special_log_ndtr": jss.log_ndtr,
     "special_erfcx": jss.erfcx,
@@ -358,6 +360,63 @@ lower("lcm.default")(_binary(jnp.lcm))
 def heaviside(self, values):
     x, v = _cast(Promo.DEFAULT, self, values)
     return jnp.where(x == 0, v, (x > 0).astype(x.dtype))
+
+
+def _polynomial(first, step):
+    """The orthogonal polynomial P_n(x) for a tensor of degrees n, by its three-term
+    recurrence: P_0 = 1, P_1 = first(x), P_{k+1} = step(k, x, P_k, P_{k-1});
+    negative degrees give 0, and non-integral ones are truncated, as PyTorch."""
+
+    def fn(x, n):
+        x, n = jnp.broadcast_arrays(x, n)
+        n = n.astype(jnp.int64)
+        p0, p1 = jnp.ones_like(x), first(x)
+        result = jnp.where(n == 0, p0, jnp.where(n == 1, p1, 0)).astype(x.dtype)
+
+        def body(carry):
+            k, previous, current, result = carry
+            following = step(k, x, current, previous)
+            return k + 1, current, following, jnp.where(n == k + 1, following, result)
+
+        start = (jnp.int64(1), p0, p1, result)
+        result = lax.while_loop(lambda c: c[0] < jnp.max(n, initial=0), body, start)[3]
+        return jnp.where(n < 0, 0, result)
+
+    return fn
+
+
+def _shifted(x):
+    return x + x - 1
+
+
+def _chebyshev(first):
+    return _polynomial(first, lambda k, x, p, q: 2 * x * p - q)
+
+
+_POLYNOMIALS = {
+    "chebyshev_polynomial_t": _chebyshev(lambda x: x),
+    "chebyshev_polynomial_u": _chebyshev(lambda x: 2 * x),
+    "chebyshev_polynomial_v": _chebyshev(lambda x: 2 * x - 1),
+    "chebyshev_polynomial_w": _chebyshev(lambda x: 2 * x + 1),
+    "hermite_polynomial_h": _polynomial(lambda x: 2 * x, lambda k, x, p, q: 2 * x * p - 2 * k * q),
+    "hermite_polynomial_he": _polynomial(lambda x: x, lambda k, x, p, q: x * p - k * q),
+    "laguerre_polynomial_l": _polynomial(
+        lambda x: 1 - x, lambda k, x, p, q: ((2 * k + 1 - x) * p - k * q) / (k + 1)
+    ),
+    "legendre_polynomial_p": _polynomial(
+        lambda x: x, lambda k, x, p, q: ((2 * k + 1) * x * p - k * q) / (k + 1)
+    ),
+}
+for _name, _fn in _POLYNOMIALS.items():
+    lower(f"special_{_name}.default", f"special_{_name}.x_scalar", f"special_{_name}.n_scalar")(
+        _binary(_fn, Promo.INT_TO_FLOAT)
+    )
+for _kind in "tuvw":
+    _unshifted = _POLYNOMIALS[f"chebyshev_polynomial_{_kind}"]
+    _name = f"special_shifted_chebyshev_polynomial_{_kind}"
+    lower(f"{_name}.default", f"{_name}.x_scalar", f"{_name}.n_scalar")(
+        _binary(lambda x, n, f=_unshifted: f(_shifted(x), n), Promo.INT_TO_FLOAT)
+    )
 
 
 # ----------------------------------------------------- autograd helper ops
@@ -439,10 +498,10 @@ def nan_to_num(self, nan=None, posinf=None, neginf=None):
     return jnp.where(x == -jnp.inf, info.min if neginf is None else neginf, x)
 
 
-lower("isnan.default")(jnp.isnan)
-lower("isinf.default")(jnp.isinf)
-lower("isposinf.default")(jnp.isposinf)
-lower("isneginf.default")(jnp.isneginf)
+lower("isnan.default")(_unary(jnp.isnan, Promo.NO_OPMATH))
+lower("isinf.default")(_unary(jnp.isinf, Promo.NO_OPMATH))
+lower("isposinf.default")(_unary(jnp.isposinf, Promo.NO_OPMATH))
+lower("isneginf.default")(_unary(jnp.isneginf, Promo.NO_OPMATH))
 
 
 @lower("signbit.default")
@@ -485,7 +544,7 @@ for _name, _fn in {"and": jnp.bitwise_and, "or": jnp.bitwise_or, "xor": jnp.bitw
     lower(f"bitwise_{_name}.Tensor", f"bitwise_{_name}.Scalar", f"bitwise_{_name}.Scalar_Tensor")(
         _binary(_fn)
     )
-lower("bitwise_not.default")(jnp.invert)
+lower("bitwise_not.default")(_unary(jnp.invert, Promo.NO_OPMATH))
 
 # XLA shifts give 0 (left) or the sign fill (right) for counts outside the
 # type's width, negative counts included: PyTorch's semantics.

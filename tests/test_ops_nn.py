@@ -1,0 +1,332 @@
+"""nn ops on tpu match the CPU, forward and backward, without CPU fallback."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_same, assert_same_grad
+
+import torch_tpu
+from torch_tpu.ops.registry import LOWERINGS
+
+NN_OPS = {f"aten::{n}" for n, low in LOWERINGS.items() if low.fn.__module__.endswith("ops.nn")}
+
+
+@pytest.fixture
+def no_nn_fallback():
+    """The test body may fall back for other families' ops, never for ours."""
+    torch_tpu.metrics.reset()
+    yield
+    fell_back = set(torch_tpu.metrics.snapshot()["fallback_ops"]) & NN_OPS
+    assert not fell_back, f"nn ops fell back to the CPU: {sorted(fell_back)}"
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+ACTIVATIONS = {
+    "relu": F.relu,
+    "leaky_relu": lambda x: F.leaky_relu(x, 0.2),
+    "elu": F.elu,
+    "selu": F.selu,
+    "celu": lambda x: F.celu(x, 0.5),
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "mish": F.mish,
+    "hardtanh": F.hardtanh,
+    "relu6": F.relu6,
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
+    "softplus": lambda x: F.softplus(x, beta=2, threshold=3),
+    "logsigmoid": F.logsigmoid,
+    "glu": lambda x: F.glu(x, 0),
+    "prelu": lambda x: F.prelu(x, torch.full((1,), 0.25, device=x.device)),
+    "softmax": lambda x: F.softmax(x, -1),
+    "log_softmax": lambda x: F.log_softmax(x, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation(name, no_nn_fallback):
+    x = randn(6, 5) * 4
+    assert_same(ACTIVATIONS[name], x, atol=1e-5, rtol=1e-5)
+    assert_same_grad(ACTIVATIONS[name], x, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["relu", "gelu", "silu", "softmax", "hardswish"])
+def test_activation_bfloat16(name, no_nn_fallback):
+    assert_same(ACTIVATIONS[name], randn(4, 8, dtype=torch.bfloat16) * 3, atol=2e-2, rtol=2e-2)
+
+
+def test_softmax_half_to_float_and_scalar(no_nn_fallback):
+    x = randn(3, 4, dtype=torch.bfloat16)
+    assert_same(lambda t: torch.softmax(t, 1, dtype=torch.float32), x, atol=1e-2, rtol=1e-2)
+    assert_same(lambda t: torch.log_softmax(t, 0), randn(()))
+
+
+NORMS = {  # input (3, 4, 5, 6); weight and bias (5, 6) for layer norm, else (4,)
+    "layer_norm": lambda x, w, b: F.layer_norm(x, (5, 6), w, b),
+    "group_norm": lambda x, w, b: F.group_norm(x, 2, w, b),
+    "batch_norm_train": lambda x, w, b: F.batch_norm(
+        x, torch.zeros(4, device=x.device), torch.ones(4, device=x.device), w, b, True
+    ),
+    "batch_norm_eval": lambda x, w, b: F.batch_norm(
+        x, torch.full((4,), 0.5, device=x.device), torch.full((4,), 2.0, device=x.device),
+        w, b, False,
+    ),
+    "instance_norm": lambda x, w, b: F.instance_norm(x, weight=w, bias=b),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NORMS))
+def test_norm(name, no_nn_fallback):
+    params = (5, 6) if name == "layer_norm" else (4,)
+    x, w, b = randn(3, 4, 5, 6) * 2 + 1, randn(*params), randn(*params)
+    assert_same(NORMS[name], x, w, b, atol=1e-5, rtol=1e-5)
+    assert_same_grad(NORMS[name], x, w, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "group_norm", "batch_norm_train"])
+def test_norm_partial_grads(name, no_nn_fallback):
+    """Autograd asks only for some gradients (output_mask): frozen input, or frozen affine."""
+    params = (5, 6) if name == "layer_norm" else (4,)
+    x, w, b = randn(3, 4, 5, 6), randn(*params), randn(*params)
+    norm = NORMS[name]
+    assert_same_grad(lambda w, b: norm(to_device(x, w), w, b), w, b, atol=1e-4, rtol=1e-4)
+    frozen = lambda x: norm(x, to_device(w, x), to_device(b, x))  # noqa: E731
+    assert_same_grad(frozen, x, atol=1e-4, rtol=1e-4)
+
+
+def test_norm_without_affine(no_nn_fallback):
+    x = randn(2, 4, 7)
+    assert_same_grad(lambda t: F.layer_norm(t, (7,)), x, atol=1e-5, rtol=1e-5)
+    assert_same_grad(lambda t: F.group_norm(t, 4), x, atol=1e-5, rtol=1e-5)
+    assert_same_grad(lambda t: F.batch_norm(t, None, None, training=True), x, atol=1e-5, rtol=1e-5)
+
+
+def test_layer_norm_bfloat16(no_nn_fallback):
+    x, w = randn(4, 16, dtype=torch.bfloat16), randn(16, dtype=torch.bfloat16)
+    assert_same(lambda t, s: F.layer_norm(t, (16,), s), x, w, atol=5e-2, rtol=5e-2)
+
+
+def test_batch_norm_updates_running_stats(no_nn_fallback):
+    bn = torch.nn.BatchNorm2d(3, momentum=0.3)
+    tpu_bn = torch.nn.BatchNorm2d(3, momentum=0.3).to("tpu")
+    for _ in range(2):
+        x = randn(4, 3, 5, 5) * 3 + 2
+        torch.testing.assert_close(tpu_bn(x.to("tpu")).cpu(), bn(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tpu_bn.running_mean.cpu(), bn.running_mean)
+    torch.testing.assert_close(tpu_bn.running_var.cpu(), bn.running_var)
+    assert int(tpu_bn.num_batches_tracked) == 2
+    bn.eval(), tpu_bn.eval()
+    x = randn(2, 3, 5, 5)
+    torch.testing.assert_close(tpu_bn(x.to("tpu")).cpu(), bn(x), atol=1e-5, rtol=1e-5)
+
+
+def test_dropout(no_nn_fallback):
+    x = torch.ones(64, 64, device="tpu", requires_grad=True)
+    y = F.dropout(x, 0.25)
+    kept = y.detach().cpu() != 0
+    assert 0.6 < kept.float().mean() < 0.9
+    torch.testing.assert_close(y.detach().cpu()[kept], torch.full((int(kept.sum()),), 4 / 3))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), kept.float() * 4 / 3)
+    assert not torch.equal(F.dropout(x, 0.25).cpu(), y.detach().cpu())  # a fresh mask each call
+    assert torch.equal(F.dropout(x, 0.25, training=False).cpu(), x.detach().cpu())
+
+
+@pytest.mark.parametrize("padding_idx, scale", [(None, False), (2, True)])
+def test_embedding(padding_idx, scale, no_nn_fallback):
+    indices = torch.tensor([[1, 2, 4], [4, 3, 1]])
+    fn = lambda w: F.embedding(  # noqa: E731
+        indices.to(w.device), w, padding_idx=padding_idx, scale_grad_by_freq=scale
+    )
+    assert_same(fn, randn(6, 3))
+    assert_same_grad(fn, randn(6, 3))
+
+
+LOSSES = {
+    "cross_entropy": lambda x, t: F.cross_entropy(x, t.argmax(1)),
+    "cross_entropy_weighted_ignore": lambda x, t: F.cross_entropy(
+        x, t.argmax(1).masked_fill(t[:, 0] > 0, -100), weight=torch.arange(1.0, 6, device=x.device)
+    ),
+    "cross_entropy_sum": lambda x, t: F.cross_entropy(x, t.argmax(1), reduction="sum"),
+    "nll_none": lambda x, t: F.nll_loss(x, t.argmax(1), reduction="none"),
+    "cross_entropy_2d": lambda x, t: F.cross_entropy(  # nll_loss2d: (N, C, H, W) logits
+        x.reshape(2, 2, 1, 5).permute(0, 3, 1, 2), t.reshape(2, 2, 1, 5).argmax(3)
+    ),
+    "mse": F.mse_loss,
+    "mse_sum": lambda x, t: F.mse_loss(x, t, reduction="sum"),
+    "l1": F.l1_loss,
+    "smooth_l1": lambda x, t: F.smooth_l1_loss(x, t, beta=0.5),
+    "smooth_l1_zero_beta": lambda x, t: torch.ops.aten.smooth_l1_loss(x, t, 1, 0.0),  # F: l1
+    "huber": lambda x, t: F.huber_loss(x, t, reduction="none", delta=0.7),
+    "bce": lambda x, t: F.binary_cross_entropy(torch.sigmoid(x), torch.sigmoid(t)),
+    "bce_weighted": lambda x, t: F.binary_cross_entropy(
+        torch.sigmoid(x), torch.sigmoid(t), weight=torch.sigmoid(t), reduction="sum"
+    ),
+    "bce_logits": lambda x, t: F.binary_cross_entropy_with_logits(x, torch.sigmoid(t)),
+    "bce_logits_pos_weight": lambda x, t: F.binary_cross_entropy_with_logits(
+        x, torch.sigmoid(t), pos_weight=torch.arange(1.0, 6, device=x.device)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_loss(name, no_nn_fallback):
+    x, t = randn(4, 5) * 2, randn(4, 5)
+    assert_same(LOSSES[name], x, t, atol=1e-5, rtol=1e-5)
+    assert_same_grad(lambda a: LOSSES[name](a, to_device(t, a)), x, atol=1e-5, rtol=1e-5)
+
+
+def to_device(t, like):
+    return t.to(like.device)
+
+
+CONVS = [
+    # (dims, in, out, kernel, kwargs)
+    (1, 4, 6, 3, {"stride": 2, "dilation": 2}),
+    (2, 4, 6, (3, 5), {"dilation": (2, 1), "groups": 2, "padding": "same"}),
+    (3, 2, 4, 2, {"stride": (1, 2, 1), "padding": 1}),
+]
+
+
+@pytest.mark.parametrize("dims, c_in, c_out, k, kwargs", CONVS)
+def test_conv(dims, c_in, c_out, k, kwargs, no_nn_fallback):
+    conv = getattr(F, f"conv{dims}d")
+    kernel = (k,) * dims if isinstance(k, int) else k
+    x = randn(2, c_in, *(7,) * dims)
+    w = randn(c_out, c_in // kwargs.get("groups", 1), *kernel)
+    b = randn(c_out)
+    assert_same(lambda *a: conv(*a, **kwargs), x, w, b, atol=1e-4, rtol=1e-4)
+    assert_same_grad(lambda *a: conv(*a, **kwargs), x, w, b, atol=1e-4, rtol=1e-4)
+
+
+CONV_TRANSPOSES = [
+    (1, {"stride": 3, "groups": 2, "dilation": 2}),
+    (2, {"stride": (2, 3), "padding": 1, "output_padding": (1, 0)}),
+]
+
+
+@pytest.mark.parametrize("dims, kwargs", CONV_TRANSPOSES)
+def test_conv_transpose(dims, kwargs, no_nn_fallback):
+    conv = getattr(F, f"conv_transpose{dims}d")
+    x, w = randn(2, 4, *(5,) * dims), randn(4, 3, *(3,) * dims)
+    b = randn(3 * kwargs.get("groups", 1))
+    assert_same(lambda *a: conv(*a, **kwargs), x, w, b, atol=1e-4, rtol=1e-4)
+    assert_same_grad(lambda *a: conv(*a, **kwargs), x, w, b, atol=1e-4, rtol=1e-4)
+
+
+def test_conv_bfloat16(no_nn_fallback):
+    x, w = randn(1, 3, 8, 8, dtype=torch.bfloat16), randn(4, 3, 3, 3, dtype=torch.bfloat16)
+    assert_same(F.conv2d, x, w, atol=5e-2, rtol=5e-2)
+
+
+POOLS = {
+    "max2d_pad_stride_dil": lambda x: F.max_pool2d(x, 3, stride=2, padding=1, dilation=2),
+    "max2d_ceil": lambda x: F.max_pool2d(x, 3, stride=2, ceil_mode=True),
+    "max2d_indices": lambda x: F.max_pool2d(x, (2, 3), return_indices=True),
+    "max3d": lambda x: F.max_pool3d(x[:, None], 2, padding=1, return_indices=True),
+    "avg2d_pad": lambda x: F.avg_pool2d(x, 3, stride=2, padding=1),
+    "avg2d_pad_exclude_ceil": lambda x: F.avg_pool2d(
+        x, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False
+    ),
+    "avg2d_divisor": lambda x: F.avg_pool2d(x, 2, divisor_override=3),
+    "avg3d": lambda x: F.avg_pool3d(x[:, None], 2, stride=1, padding=1, ceil_mode=True),
+    "adaptive_avg2d": lambda x: F.adaptive_avg_pool2d(x, (3, 4)),
+    "adaptive_avg1d": lambda x: F.adaptive_avg_pool1d(x.flatten(2), 5),
+    "adaptive_avg3d": lambda x: F.adaptive_avg_pool3d(x[:, None], (2, 3, 4)),
+    "adaptive_max2d": lambda x: F.adaptive_max_pool2d(x, (3, 4), return_indices=True),
+    "adaptive_max3d": lambda x: F.adaptive_max_pool3d(x[:, None], 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_pool(name, no_nn_fallback):
+    x = randn(2, 3, 7, 9)
+    assert_same(POOLS[name], x, atol=1e-5, rtol=1e-5)
+    assert_same_grad(POOLS[name], x, atol=1e-5, rtol=1e-5)
+
+
+def test_max_pool_unbatched_and_bfloat16(no_nn_fallback):
+    assert_same(lambda x: F.max_pool2d(x, 2, return_indices=True), randn(3, 6, 6))
+    assert_same(lambda x: F.max_pool2d(x, 2), randn(1, 3, 6, 6, dtype=torch.bfloat16))
+
+
+UPSAMPLES = {
+    "nearest_scale": lambda x: F.interpolate(x, scale_factor=2),
+    "nearest_fraction": lambda x: F.interpolate(x, scale_factor=(1.7, 0.6)),
+    "nearest_exact": lambda x: F.interpolate(x, size=(10, 7), mode="nearest-exact"),
+    "nearest3d": lambda x: F.interpolate(x[:, None], size=(2, 9, 5)),
+    "bilinear": lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
+    "bilinear_align": lambda x: F.interpolate(x, size=(5, 13), mode="bilinear", align_corners=True),
+    "bilinear_down": lambda x: F.interpolate(x, scale_factor=0.5, mode="bilinear"),
+    "bicubic": lambda x: F.interpolate(x, scale_factor=(1.5, 0.7), mode="bicubic"),
+    "bicubic_align": lambda x: F.interpolate(x, size=(9, 4), mode="bicubic", align_corners=True),
+    "linear": lambda x: F.interpolate(x.flatten(2), size=40, mode="linear"),
+    "trilinear": lambda x: F.interpolate(
+        x[:, None], size=(3, 9, 5), mode="trilinear", align_corners=True
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UPSAMPLES))
+def test_upsample(name, no_nn_fallback):
+    x = randn(2, 3, 7, 9)
+    assert_same(UPSAMPLES[name], x, atol=1e-5, rtol=1e-5)
+    assert_same_grad(UPSAMPLES[name], x, atol=1e-4, rtol=1e-4)
+
+
+def _attention_mask(kind):
+    if kind == "bool":
+        mask = torch.rand(5, 6) > 0.3
+        mask[2] = False  # a fully masked row attends to nothing: zeros, not NaN
+        return mask
+    return randn(2, 1, 5, 6)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"is_causal": True, "scale": 0.3}, {"attn_mask": "bool"}, {"attn_mask": "float"}]
+)
+def test_scaled_dot_product_attention(kwargs, no_nn_fallback):
+    if "attn_mask" in kwargs:
+        kwargs = {"attn_mask": _attention_mask(kwargs["attn_mask"])}
+
+    def attention(q, k, v):
+        mask = kwargs.get("attn_mask")
+        extra = {} if mask is None else {"attn_mask": to_device(mask, q)}
+        return F.scaled_dot_product_attention(q, k, v, **{**kwargs, **extra})
+
+    q, k, v = randn(2, 3, 5, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 8)
+    assert_same(attention, q, k, v, atol=1e-5, rtol=1e-5)
+    assert_same_grad(attention, q, k, v, atol=1e-5, rtol=1e-5)
+
+
+def test_cnn_trains_like_cpu(no_nn_fallback):
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.AdaptiveAvgPool2d((2, 2)),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, 4),
+        )
+
+    x, y = randn(8, 3, 10, 10), torch.randint(0, 4, (8,))  # no grad for x: weight-only conv grad
+    losses = {}
+    for device in ("cpu", "tpu"):
+        model = make().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses[device] = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            losses[device].append(loss.item())
+    torch.testing.assert_close(losses["tpu"], losses["cpu"], atol=1e-4, rtol=1e-4)
+    assert losses["tpu"][-1] < losses["tpu"][0]

@@ -1,0 +1,512 @@
+"""Pointwise ops on tpu agree with CPU: values, dtypes (type promotion), gradients,
+integer and NaN semantics, and none of them falls back to the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_same, assert_same_grad
+
+import torch_tpu
+from torch_tpu.ops import pointwise
+from torch_tpu.ops.registry import LOWERINGS
+
+_POINTWISE_OPS = {
+    name for name, lowering in LOWERINGS.items() if lowering.fn.__module__ == pointwise.__name__
+}
+
+
+def _packet(op_name: str) -> str:
+    """'aten::add_.Tensor' -> 'add': the op whatever its in-place or out= form."""
+    return op_name.removeprefix("aten::").split(".")[0].rstrip("_")
+
+
+_PACKETS = {_packet(name) for name in _POINTWISE_OPS}
+
+
+@pytest.fixture
+def no_pointwise_fallback():
+    """Fails the test if a pointwise op (or a variant of one) ran on the CPU."""
+    torch_tpu.metrics.reset()
+    yield
+    fallbacks = torch_tpu.metrics.snapshot()["fallback_ops"]
+    ours = [op for op in fallbacks if _packet(op) in _PACKETS]
+    assert not ours, f"pointwise ops fell back to the CPU: {ours}"
+
+
+def _signed(*shape):
+    return torch.randn(*shape) * 2
+
+
+def _positive(*shape):
+    return torch.rand(*shape) * 3 + 0.1
+
+
+def _unit(*shape):
+    return torch.rand(*shape) * 1.8 - 0.9
+
+
+def _prob(*shape):
+    return torch.rand(*shape) * 0.9 + 0.05
+
+
+# name -> (function, input maker, differentiable)
+UNARY = {
+    "neg": (torch.neg, _signed, True),
+    "abs": (torch.abs, _signed, True),
+    "sign": (torch.sign, _signed, True),
+    "sgn": (torch.sgn, _signed, False),
+    "exp": (torch.exp, _signed, True),
+    "exp2": (torch.exp2, _signed, True),
+    "expm1": (torch.expm1, _signed, True),
+    "log": (torch.log, _positive, True),
+    "log2": (torch.log2, _positive, True),
+    "log10": (torch.log10, _positive, True),
+    "log1p": (torch.log1p, _positive, True),
+    "sqrt": (torch.sqrt, _positive, True),
+    "rsqrt": (torch.rsqrt, _positive, True),
+    "reciprocal": (torch.reciprocal, _positive, True),
+    "sin": (torch.sin, _signed, True),
+    "cos": (torch.cos, _signed, True),
+    "tan": (torch.tan, _unit, True),
+    "asin": (torch.asin, _unit, True),
+    "acos": (torch.acos, _unit, True),
+    "atan": (torch.atan, _signed, True),
+    "sinh": (torch.sinh, _signed, True),
+    "cosh": (torch.cosh, _signed, True),
+    "tanh": (torch.tanh, _signed, True),
+    "asinh": (torch.asinh, _signed, True),
+    "acosh": (lambda x: torch.acosh(x + 1), _positive, True),
+    "atanh": (torch.atanh, _unit, True),
+    "sigmoid": (torch.sigmoid, _signed, True),
+    "logit": (torch.logit, _prob, True),
+    "logit_eps": (lambda x: torch.logit(x, 0.2), _prob, True),
+    "erf": (torch.erf, _signed, True),
+    "erfc": (torch.erfc, _signed, True),
+    "erfinv": (torch.erfinv, _unit, True),
+    "lgamma": (torch.lgamma, _positive, True),
+    "digamma": (torch.digamma, _positive, True),
+    "polygamma1": (lambda x: torch.polygamma(1, x), _positive, True),
+    "polygamma2": (lambda x: torch.polygamma(2, x), _positive, False),
+    "i0": (torch.i0, _signed, True),
+    "i0e": (torch.special.i0e, _signed, True),
+    "i1": (torch.special.i1, _signed, True),
+    "i1e": (torch.special.i1e, _signed, True),
+    "ndtri": (torch.special.ndtri, _prob, True),
+    "log_ndtr": (torch.special.log_ndtr, _signed, True),
+    "erfcx": (torch.special.erfcx, _signed, True),
+    "entr": (torch.special.entr, _positive, True),
+    "spherical_j0": (torch.special.spherical_bessel_j0, _signed, False),
+    "modified_i0": (torch.special.modified_bessel_i0, _signed, False),
+    "modified_i1": (torch.special.modified_bessel_i1, _signed, False),
+    "sinc": (torch.sinc, _signed, True),
+    "floor": (torch.floor, _signed, True),
+    "ceil": (torch.ceil, _signed, True),
+    "round": (torch.round, _signed, True),
+    "round_decimals": (lambda x: torch.round(x * 10, decimals=2), _signed, True),
+    "round_negative_decimals": (lambda x: torch.round(x * 1000, decimals=-2), _signed, False),
+    "trunc": (torch.trunc, _signed, True),
+    "frac": (torch.frac, _signed, True),
+    "deg2rad": (torch.deg2rad, _signed, True),
+    "square": (torch.square, _signed, True),
+    "nan_to_num": (torch.nan_to_num, _signed, True),
+    "isfinite": (lambda x: x * torch.isfinite(x), _signed, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_float32_forward_and_grad(name, no_pointwise_fallback):
+    fn, make, differentiable = UNARY[name]
+    x = make(3, 5)
+    assert_same(fn, x, atol=1e-5, rtol=1e-4)
+    if differentiable:
+        assert_same_grad(fn, x, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["exp", "log", "sin", "sigmoid", "erf", "round"])
+def test_unary_low_precision(name, dtype, no_pointwise_fallback):
+    fn, make, _ = UNARY[name]
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    assert_same(fn, make(4, 8).to(dtype), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("name", ["exp", "sqrt", "sin", "sigmoid", "reciprocal", "floor", "abs"])
+def test_unary_integer_inputs(name, no_pointwise_fallback):
+    """Float functions of integers give float32; rounding keeps integers."""
+    fn, _, _ = UNARY[name]
+    assert_same(fn, torch.arange(1, 9, dtype=torch.int64).reshape(2, 4), rtol=1e-5, atol=1e-6)
+
+
+def test_special_values_follow_torch(no_pointwise_fallback):
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([nan, -0.0, 0.0, -2.0, 1.0, inf, -inf, 2.5, -2.5, 0.5])
+    for fn in (torch.sign, torch.digamma, torch.lgamma, torch.round, torch.frac, torch.sgn,
+               torch.signbit, torch.isnan, torch.isinf, torch.isposinf, torch.isneginf,
+               torch.sinc, torch.special.spherical_bessel_j0):
+        assert_same(fn, x)
+    assert_same(lambda t: torch.nan_to_num(t, nan=1.0, posinf=2.0), x)
+    assert_same(torch.nan_to_num, x.half())
+    assert_same(torch.logit, x)
+    assert_same(lambda t: torch.special.entr(t), x)
+
+
+POLYNOMIALS = [
+    f"{shift}{name}"
+    for shift in ("", "shifted_")
+    for name in ("chebyshev_polynomial_t", "chebyshev_polynomial_u",
+                 "chebyshev_polynomial_v", "chebyshev_polynomial_w")
+] + ["hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l",
+     "legendre_polynomial_p"]
+
+
+def test_orthogonal_polynomials(no_pointwise_fallback):
+    """Degrees as a tensor (negative ones included) or a scalar, x as a tensor or scalar."""
+    x = torch.rand(7, 1) * 2.4 - 1.2
+    n = torch.arange(-1, 10)
+    for name in POLYNOMIALS:
+        fn = getattr(torch.special, name)
+        assert_same(fn, x, n, rtol=1e-3, atol=1e-4)
+        assert_same(lambda t, f=fn: f(t, 3), x, rtol=1e-3, atol=1e-4)
+    assert_same(lambda d: torch.special.legendre_polynomial_p(0.3, d), n.float(), rtol=1e-4, atol=1e-6)
+
+
+BINARY = {
+    "add": torch.add,
+    "add_alpha": lambda a, b: torch.add(a, b, alpha=2),
+    "sub": torch.sub,
+    "sub_alpha": lambda a, b: torch.sub(a, b, alpha=3),
+    "rsub": lambda a, b: torch.rsub(a, b, alpha=2),
+    "mul": torch.mul,
+    "div": torch.div,
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "floor_divide": torch.floor_divide,
+    "remainder": torch.remainder,
+    "fmod": torch.fmod,
+    "pow": torch.pow,
+    "atan2": torch.atan2,
+    "hypot": torch.hypot,
+    "copysign": torch.copysign,
+    "minimum": torch.minimum,
+    "maximum": torch.maximum,
+    "fmin": torch.fmin,
+    "fmax": torch.fmax,
+    "xlogy": torch.xlogy,
+    "xlog1py": torch.special.xlog1py,
+    "logaddexp": torch.logaddexp,
+    "logaddexp2": torch.logaddexp2,
+    "nextafter": torch.nextafter,
+    "heaviside": torch.heaviside,
+    "lerp": lambda a, b: torch.lerp(a, b, 0.3),
+    "lerp_tensor": lambda a, b: torch.lerp(a, b, torch.sigmoid(b)),
+    "addcmul": lambda a, b: torch.addcmul(a, a, b, value=2),
+    "addcdiv": lambda a, b: torch.addcdiv(a, a, b, value=-0.5),
+    "clamp_tensor": lambda a, b: torch.clamp(a, min=b - 1, max=b + 1),
+    "clamp_min_tensor": lambda a, b: torch.clamp_min(a, b),
+    "clamp_max_tensor": lambda a, b: torch.clamp_max(a, b),
+    "where": lambda a, b: torch.where(a > b, a, b),
+    "igamma": lambda a, b: torch.igamma(a.abs() + 0.5, b.abs()),
+    "igammac": lambda a, b: torch.igammac(a.abs() + 0.5, b.abs()),
+    "zeta": lambda a, b: torch.special.zeta(a.abs() + 1.5, b.abs() + 0.5),
+}
+_NOT_DIFFERENTIABLE = {"div_trunc", "div_floor", "floor_divide", "nextafter", "heaviside",
+                       "igamma", "igammac", "zeta"}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_float32_broadcast_forward_and_grad(name, no_pointwise_fallback):
+    fn = BINARY[name]
+    a = torch.randn(3, 4) * 3
+    b = torch.randn(4) * 2
+    if name in ("pow", "xlogy", "xlog1py"):
+        b = b.abs() + 0.5
+        a = a.abs() if name == "pow" else a
+    if name in ("div_trunc", "div_floor", "floor_divide", "remainder", "fmod", "div"):
+        b = torch.where(b.abs() < 0.2, torch.full_like(b, 0.7), b)
+    assert_same(fn, a, b, atol=1e-5, rtol=1e-4)
+    if name not in _NOT_DIFFERENTIABLE:
+        assert_same_grad(fn, a, b, atol=1e-4, rtol=1e-4)
+
+
+INT_BINARY = ["add_alpha", "rsub", "mul", "div", "div_trunc", "div_floor", "remainder", "fmod",
+              "maximum", "where"]
+INT_CASES = [(name, torch.int64) for name in INT_BINARY] + [
+    (name, dtype)
+    for name in ("div_trunc", "div_floor", "remainder", "fmod")
+    for dtype in (torch.int32, torch.uint8)
+]
+
+
+@pytest.mark.parametrize("name,dtype", INT_CASES, ids=str)
+def test_binary_integers(name, dtype, no_pointwise_fallback):
+    """Integer math stays integral: signs of quotients and remainders as on CPU."""
+    low = 0 if dtype == torch.uint8 else -20
+    a = torch.randint(low, 20, (5, 6), dtype=dtype)
+    b = torch.randint(1, 7, (6,), dtype=dtype)
+    if dtype != torch.uint8:
+        b = b * torch.tensor([1, -1, 1, -1, -1, 1], dtype=dtype)
+    assert_same(BINARY[name], a, b)
+
+
+PROMOTIONS = [
+    (torch.int32, torch.float32),
+    (torch.int64, torch.float16),
+    (torch.bfloat16, torch.float16),
+    (torch.bool, torch.int64),
+    (torch.uint8, torch.int8),
+]
+
+
+@pytest.mark.parametrize("dtypes", PROMOTIONS, ids=str)
+@pytest.mark.parametrize("name", ["add", "div", "maximum", "where"])
+def test_binary_type_promotion(name, dtypes, no_pointwise_fallback):
+    a = (torch.randn(3, 4) * 5).to(dtypes[0])
+    b = (torch.randn(4) * 5 + 0.5).to(dtypes[1])
+    if name == "div":
+        b = torch.where(b == 0, torch.ones_like(b), b)
+    assert_same(BINARY[name], a, b, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int32])
+@pytest.mark.parametrize("scalar", [-3, 2.5, True])
+def test_scalar_operands_promote_like_python_numbers(dtype, scalar, no_pointwise_fallback):
+    x = (torch.randn(4, 3) * 4).to(dtype)
+    tol = 1e-2 if dtype == torch.float16 else None
+    assert_same(lambda t: (t + scalar, t * scalar, t / scalar, t < scalar), x, atol=tol, rtol=tol)
+    if not isinstance(scalar, bool):
+        assert_same(lambda t: (scalar - t, t.clamp(min=scalar)), x, atol=tol, rtol=tol)
+
+
+def test_bool_tensors_with_scalars(no_pointwise_fallback):
+    x = torch.rand(4, 3) > 0.5
+    assert_same(lambda t: (t + True, t * 3, t + 2.5, t == 1, t / 2), x)
+
+
+def test_zero_dim_tensors_promote_below_dimensioned(no_pointwise_fallback):
+    x = torch.randn(4).half()
+    assert_same(lambda t, s: t * s, x, torch.tensor(3.0, dtype=torch.float64), atol=1e-2, rtol=1e-2)
+    assert_same(lambda t, s: t + s, torch.arange(4, dtype=torch.int32), torch.tensor(2.5))
+    assert_same(lambda t, s: t + s, torch.arange(4, dtype=torch.int8), torch.tensor(1000))
+
+
+def test_float_division_rounding_modes_edge_cases(no_pointwise_fallback):
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([7.0, -7.0, 7.0, -7.0, 0.0, -0.0, 1.0, -1.0, 0.0, inf, 5.0, 0.3, -0.5])
+    b = torch.tensor([2.0, 2.0, -2.0, -2.0, 3.0, 3.0, 0.0, 0.0, 0.0, 2.0, inf, 0.1, 2.0])
+    for fn in (BINARY["div_floor"], BINARY["div_trunc"], BINARY["remainder"], BINARY["fmod"],
+               BINARY["div"], torch.floor_divide):
+        assert_same(fn, a, b)
+    assert_same(lambda t: t // -2.5, a)
+    assert_same(lambda t: t % -2.5, a)
+    assert_same(lambda t: torch.fmod(t, -2.5), a)
+    assert_same(lambda t: torch.remainder(5, t), a[:4])
+    assert_same(lambda t: t.float() // 2, torch.tensor([nan, -inf]))
+
+
+def test_pow_overloads(no_pointwise_fallback):
+    x = torch.randn(3, 4)
+    e = torch.randint(0, 4, (4,)).float()
+    assert_same(lambda t: t**2, x, rtol=1e-5, atol=1e-6)
+    assert_same(lambda t: t**3, x, rtol=1e-5, atol=1e-6)
+    assert_same(lambda t: t**-1.5, x.abs() + 0.1, rtol=1e-5, atol=1e-6)
+    assert_same(lambda t: t**0.5, x.abs(), rtol=1e-5, atol=1e-6)
+    assert_same(lambda t, u: t**u, x, e, rtol=1e-5, atol=1e-6)
+    assert_same(lambda t: 2**t, x, rtol=1e-5, atol=1e-6)
+    assert_same(lambda t: 2.5**t, torch.arange(5), rtol=1e-5, atol=1e-6)
+    assert_same_grad(lambda t: t**3, x, rtol=1e-5, atol=1e-5)
+    assert_same_grad(lambda t, u: t.abs() ** u, x, e.abs() + 0.5, rtol=1e-4, atol=1e-4)
+    assert_same_grad(lambda t: 3**t, x, rtol=1e-5, atol=1e-5)
+    assert_same(lambda t: t**2, x.half(), rtol=1e-3, atol=1e-3)
+
+
+def test_integer_pow_wraps_and_negative_exponents(no_pointwise_fallback):
+    base = torch.tensor([0, 1, -1, 2, -2, 3, 7, 10], dtype=torch.int64)
+    exponent = torch.tensor([0, -3, -3, -1, 3, 40, 25, 0], dtype=torch.int64)
+    assert_same(torch.pow, base, exponent)
+    assert_same(lambda t: t**5, base.int())
+    assert_same(lambda t: t**33, base.int())
+    assert_same(lambda t: 2**t, exponent.clamp(min=0))
+
+
+def test_integer_overflow_wraps(no_pointwise_fallback):
+    big = torch.tensor([2**31 - 1, -(2**31), 123456789], dtype=torch.int32)
+    assert_same(lambda t: t + 1, big)
+    assert_same(lambda t: t * 3, big)
+    assert_same(lambda t: -t, big)
+    assert_same(torch.abs, big)
+    assert_same(lambda t: t + 100, torch.tensor([200, 100, 27], dtype=torch.uint8))
+    huge = torch.tensor([2**63 - 1, -(2**63)], dtype=torch.int64)
+    assert_same(lambda t: t + 1, huge)
+    assert_same(lambda t: t - 1, huge)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int8, torch.uint8])
+def test_float_to_integer_conversion_truncates(dtype, no_pointwise_fallback):
+    x = torch.tensor([1.7, -1.7, -0.5, 0.5, 2.999, -2.999, 100.2, 0.0])
+    if dtype == torch.uint8:
+        x = x.abs()
+    assert_same(lambda t: t.to(dtype), x)
+    assert_same(lambda t: t.half().to(dtype), x)
+
+
+COMPARISONS = [torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge]
+
+
+@pytest.mark.parametrize("op", COMPARISONS, ids=lambda f: f.__name__)
+def test_comparisons(op, no_pointwise_fallback):
+    a = torch.randint(-3, 3, (4, 5)).float()
+    a[0, 0] = float("nan")
+    b = torch.randint(-3, 3, (5,))
+    assert_same(op, a, b)
+    assert_same(lambda t: op(t, 0.5), b)
+
+
+def test_comparisons_across_dtypes(no_pointwise_fallback):
+    a = torch.randint(-3, 3, (4, 5)).float()
+    assert_same(torch.eq, a.half(), a.bfloat16())
+    assert_same(torch.ne, a > 0, torch.tensor(True))
+    assert_same(lambda t: t <= 1, a.to(torch.int8))
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+def test_logical_ops(dtype, no_pointwise_fallback):
+    a = torch.randint(-1, 2, (3, 4)).to(dtype)
+    b = torch.randint(0, 2, (4,)).to(dtype)
+    for fn in (torch.logical_and, torch.logical_or, torch.logical_xor):
+        assert_same(fn, a, b)
+    assert_same(torch.logical_not, a)
+    assert_same(lambda t, u: t.clone().logical_and_(u), a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.uint8])
+def test_bitwise_ops(dtype, no_pointwise_fallback):
+    a = torch.randint(0, 100, (3, 4)).to(dtype)
+    b = torch.randint(0, 100, (4,)).to(dtype)
+    one = True if dtype == torch.bool else 5
+    for fn in (torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor):
+        assert_same(fn, a, b)
+        assert_same(lambda t, f=fn: f(t, one), a)
+    assert_same(lambda t: torch.bitwise_and(one, t), a)
+    assert_same(torch.bitwise_not, a)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int64, torch.uint8])
+def test_shifts_including_out_of_range_counts(dtype, no_pointwise_fallback):
+    bits = torch.iinfo(dtype).bits
+    low = 0 if dtype == torch.uint8 else -50
+    a = torch.randint(low, 50, (8,), dtype=dtype)
+    counts = torch.tensor([0, 1, 3, bits - 1, bits, bits + 3, 2, 5], dtype=dtype)
+    assert_same(lambda t, s: t << s, a, counts)
+    assert_same(lambda t, s: t >> s, a, counts)
+    assert_same(torch.bitwise_left_shift, a, counts)
+    assert_same(torch.bitwise_right_shift, a, counts)
+    assert_same(lambda t: t >> 1, a)
+    assert_same(lambda t, s: t.clone().__ilshift__(s), a, counts)
+
+
+def test_clamp_overloads_and_nan(no_pointwise_fallback):
+    nan = float("nan")
+    x = torch.tensor([-3.0, -1.0, 0.0, nan, 2.0, 5.0])
+    assert_same(lambda t: t.clamp(-1.5, 2.5), x)
+    assert_same(lambda t: t.clamp(min=0.5), x)
+    assert_same(lambda t: t.clamp(max=0.5), x)
+    assert_same(lambda t: t.clamp(3.0, 1.0), x)  # min > max gives max
+    assert_same(lambda t: t.clamp(min=nan), x)
+    lo = torch.tensor([nan, -2.0, -2.0, -2.0, 0.0, 0.0])
+    assert_same(lambda t, m: t.clamp(min=m, max=m + 3), x, lo)
+    assert_same(lambda t, m: torch.clamp_min(t, m), x, lo)
+    assert_same(lambda t, m: torch.clamp_max(t, m), x, lo)
+    assert_same(lambda t: t.clamp(1, 5), torch.arange(-3, 8))
+    assert_same(lambda t: t.clamp(0.5), torch.arange(-3, 8))
+    assert_same(lambda t: t.clone().clamp_(-1, 1), x)
+    assert_same(torch.minimum, x, lo)
+    assert_same(torch.maximum, x, lo)
+    assert_same(torch.fmin, x, lo)
+    assert_same(torch.fmax, x, lo)
+    assert_same_grad(lambda t: t.clamp(-1.5, 2.5), torch.randn(10) * 3)
+    assert_same_grad(lambda t: torch.clamp(t, min=0.0), torch.randn(10))
+
+
+def test_where_and_gcd_lcm(no_pointwise_fallback):
+    c = torch.tensor([True, False, True, False])
+    assert_same(torch.where, c, torch.arange(4), torch.arange(4).float() * 0.5)
+    assert_same(lambda cc, t: torch.where(cc, t, 0.0), c, torch.randn(3, 4))
+    assert_same(lambda cc, t: torch.where(cc, 2, t), c, torch.arange(4, dtype=torch.int16))
+    a = torch.tensor([12, -18, 0, 7, 0, 100])
+    b = torch.tensor([8, 12, 5, -3, 0, 75])
+    assert_same(torch.gcd, a, b)
+    assert_same(torch.lcm, a, b)
+
+
+def test_in_place_and_out_variants(no_pointwise_fallback):
+    x = torch.randn(3, 4)
+    y = torch.randn(4)
+    assert_same(lambda t, u: t.clone().add_(u, alpha=2), x, y)
+    assert_same(lambda t, u: t.clone().mul_(u).div_(2.0).sub_(1), x, y)
+    assert_same(lambda t: t.clone().exp_().sqrt_().neg_().abs_(), x)
+    assert_same(lambda t: t.clone().sigmoid_().logit_(), x, rtol=1e-4, atol=1e-4)
+    assert_same(lambda t: t.clone().pow_(2).clamp_min_(0.5), x)
+    assert_same(lambda t, u: torch.add(t, u, out=torch.empty(3, 4, device=t.device)), x, y)
+    assert_same(lambda t: torch.sin(t, out=torch.empty(0, device=t.device)), x)
+    assert_same(lambda t, u: torch.div(t, u, rounding_mode="floor",
+                                       out=torch.empty(3, 4, device=t.device)), x, y)
+    assert_same(lambda t, u: torch.lt(t, u, out=torch.empty(3, 4, device=t.device)), x, y)
+    assert_same(lambda t: t.clone().t().add_(1.0), x)  # through a transposed view
+    assert_same(lambda t, u: t.clone()[:, 1].mul_(u[0]), x, y)
+    assert_same(lambda t: t.clone().round_(decimals=1), x)
+    assert_same(lambda t: torch.ldexp(t, torch.tensor([1, 2, 3, 4], device=t.device)), x)
+    assert_same(lambda t: torch.float_power(t, 2), x)
+
+
+def test_complex_arithmetic(no_pointwise_fallback):
+    a = torch.complex(torch.randn(3, 4), torch.randn(3, 4))
+    b = torch.complex(torch.randn(4), torch.randn(4))
+    tol = {"atol": 1e-5, "rtol": 1e-5}
+    for fn in (torch.add, torch.sub, torch.mul, torch.div, torch.eq):
+        assert_same(fn, a, b, **tol)
+    for fn in (torch.abs, torch.angle, torch.exp, torch.log, torch.sqrt, torch.sgn,
+               torch.sin, torch.tanh, torch.sigmoid, torch.reciprocal, torch.neg,
+               torch.conj_physical, torch.rsqrt):
+        assert_same(fn, a, **tol)
+    assert_same(lambda t: t * 2.5 + 1j, a, **tol)
+    assert_same(lambda t: t**2, a, **tol)
+    assert_same(torch.angle, torch.tensor([-1.0, 0.0, 2.0, float("nan")]))
+    assert_same(lambda t: t.real * 2, a)
+    assert_same(lambda t: t.imag + 1, a)
+    assert_same(torch.complex, torch.randn(4), torch.randn(4))
+    assert_same(torch.polar, torch.rand(4), torch.randn(4), **tol)
+    assert_same(lambda t: torch.view_as_real(t.clone().conj_physical_()), a)
+
+
+def test_conj_and_neg_view_give_values(no_pointwise_fallback):
+    a = torch.complex(torch.randn(5), torch.randn(5))
+    assert_same(lambda t: t.conj().clone(), a)
+    assert_same(lambda t: t.conj() * t, a)
+    assert_same(lambda t: t.conj().imag * 1, a)
+    assert_same(lambda t: torch.view_as_real(t.conj().resolve_conj()), a)
+    assert_same(lambda t: torch._neg_view(t) + 0, a)
+    assert_same(lambda t: t.conj() + 0, torch.randn(5))  # real conj is the identity
+    assert_same_grad(lambda t: (t.conj() * t).real, a)
+    assert_same_grad(lambda t: (t * t).abs(), a, atol=1e-5, rtol=1e-5)
+
+
+def test_backward_helpers_directly(no_pointwise_fallback):
+    g = torch.randn(6)
+    y = torch.rand(6)
+    aten = torch.ops.aten
+    assert_same(aten.sigmoid_backward, g, y)
+    assert_same(aten.tanh_backward, g, y)
+    x = torch.tensor([-0.1, 0.0, 0.05, 0.5, 0.99, 1.2])
+    assert_same(aten.logit_backward, g, x)
+    assert_same(lambda a, b: aten.logit_backward(a, b, 0.1), g, x)
+
+
+def test_no_cpu_fallback_for_a_pointwise_model_step(no_pointwise_fallback):
+    """A small pointwise-only computation, forward and backward, on tpu tensors."""
+    x = torch.randn(8, device="tpu", requires_grad=True)
+    w = torch.rand(8, device="tpu", requires_grad=True)
+    y = torch.where(x > 0, x.sigmoid() * w, torch.tanh(x) - w.sqrt())
+    z = (y.clamp(-1, 1) ** 2 + torch.lerp(x, w, 0.25)).exp()
+    z.backward(torch.ones_like(z))
+    assert x.grad is not None and w.grad is not None

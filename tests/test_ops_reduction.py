@@ -1,0 +1,380 @@
+"""Reductions, scans, sorting and norms on tpu against the CPU, forward and backward."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import assert_same, assert_same_grad
+
+import torch_tpu
+
+NAN = math.nan
+INF = math.inf
+
+# Aten packets this family lowers: none of them may take the CPU fallback.
+FAMILY = {
+    "sum", "nansum", "mean", "prod", "count_nonzero", "logsumexp", "var", "std", "var_mean",
+    "std_mean", "max", "min", "amax", "amin", "aminmax", "_aminmax", "argmax", "argmin", "all",
+    "any", "cumsum", "cumprod", "logcumsumexp", "_logcumsumexp", "cummax", "cummin", "sort",
+    "topk", "kthvalue", "median", "nanmedian", "mode", "linalg_vector_norm", "norm",
+    "_foreach_norm",
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _family_never_falls_back():
+    torch_tpu.metrics.reset()
+    yield
+    fallen = torch_tpu.metrics.snapshot()["fallback_ops"]
+    mine = [op for op in fallen if op.removeprefix("aten::").split(".")[0] in FAMILY]
+    assert not mine, f"ran on the CPU: {mine}"
+
+
+def _sample(dtype, shape=(3, 4, 5)):
+    if dtype is torch.bool:
+        return torch.rand(shape) > 0.5
+    if dtype.is_floating_point:
+        return torch.randn(shape).to(dtype)
+    return torch.randint(-3, 4, shape, dtype=dtype)
+
+
+def _check(fn, x, **tol):
+    """assert_same, skipped where the CPU itself rejects the dtype."""
+    try:
+        fn(x)
+    except (RuntimeError, NotImplementedError) as error:
+        pytest.skip(f"CPU does not support it: {error}")
+    assert_same(fn, x, **tol)
+
+
+def _tol(dtype):
+    return {"atol": 2e-2, "rtol": 2e-2} if dtype is torch.bfloat16 else {}
+
+
+ANY_DTYPE = {
+    "sum": lambda x: x.sum(),
+    "sum_dims": lambda x: x.sum((0, -1), keepdim=True),
+    "sum_empty_dims": lambda x: x.sum(dim=[]),
+    "sum_dtype": lambda x: torch.sum(x, 1, dtype=torch.float64),
+    "prod": lambda x: x[0, 0].prod(),
+    "prod_dim": lambda x: x.prod(-1, keepdim=True),
+    "count_nonzero": lambda x: torch.count_nonzero(x, (0, 2)),
+    "all": lambda x: x.all(),
+    "all_dims": lambda x: torch.all(x, (0, -1), keepdim=True),
+    "any_dim": lambda x: x.any(-1, keepdim=True),
+    "max_dim": lambda x: x.max(1),
+    "min_dim": lambda x: x.min(-1, keepdim=True),
+    "amax": lambda x: x.amax((0, 2)),
+    "amin": lambda x: x.amin(-1, keepdim=True),
+    "aminmax": lambda x: torch.aminmax(x, dim=-2, keepdim=True),
+    "argmax": lambda x: x.argmax(keepdim=True),
+    "argmin_dim": lambda x: x.argmin(-1),
+    "cumsum": lambda x: x.cumsum(1),
+    "cumprod": lambda x: x[..., :4].cumprod(-1),
+    "cummax": lambda x: x.cummax(1),
+    "cummin": lambda x: x.cummin(-1),
+    "sort_desc_stable": lambda x: x.sort(dim=1, descending=True, stable=True),
+}
+# Half and double precision only where accumulation or comparisons could differ.
+WIDE = ["sum", "sum_dtype", "prod_dim", "max_dim", "amax", "argmax", "cumsum", "cumprod",
+        "cummax", "sort_desc_stable"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [(n, d) for n in ANY_DTYPE for d in (torch.float32, torch.int64, torch.bool)]
+    + [(n, d) for n in WIDE for d in (torch.float64, torch.bfloat16)],
+    ids=str,
+)
+def test_any_dtype(name, dtype):
+    _check(ANY_DTYPE[name], _sample(dtype), **_tol(dtype))
+
+
+FLOAT_ONLY = {
+    "mean": lambda x: x.mean(),
+    "mean_dims": lambda x: x.mean((0, -1), keepdim=True),
+    "mean_dtype": lambda x: x.mean(1, dtype=torch.float64),
+    "var_dim": lambda x: x.var(1),
+    "var_c0": lambda x: x.var((0, 2), correction=0, keepdim=True),
+    "var_c2": lambda x: torch.var(x, -1, correction=2),
+    "std": lambda x: x.std(),
+    "var_mean": lambda x: torch.var_mean(x, 1),
+    "var_mean_c0": lambda x: torch.var_mean(x, (0, 1), correction=0),
+    "std_mean": lambda x: torch.std_mean(x, -1, keepdim=True),
+    "std_mean_all": lambda x: torch.std_mean(x),
+    "logsumexp": lambda x: x.logsumexp(1),
+    "logsumexp_dims": lambda x: x.logsumexp((0, -1), keepdim=True),
+    "logcumsumexp": lambda x: x.logcumsumexp(-1),
+    "norm": lambda x: x.norm(),
+    "norm_dim": lambda x: x.norm(dim=1, keepdim=True),
+    "norm_p1": lambda x: x.norm(p=1, dim=-1),
+    "vector_norm_3": lambda x: torch.linalg.vector_norm(x, 3, dim=(0, 2)),
+    "vector_norm_half": lambda x: torch.linalg.vector_norm(x, 0.5),
+    "vector_norm_0": lambda x: torch.linalg.vector_norm(x, 0, dim=1),
+    "vector_norm_inf": lambda x: torch.linalg.vector_norm(x, INF, dim=-1),
+    "vector_norm_ninf": lambda x: torch.linalg.vector_norm(x, -INF),
+    "vector_norm_dtype": lambda x: torch.linalg.vector_norm(x, dim=1, dtype=torch.float64),
+    "aten_norm": lambda x: torch.ops.aten.norm.ScalarOpt_dim(x, 3, [1], True),
+    "aten_norm_scalar": lambda x: torch.ops.aten.norm.Scalar(x, 1),
+    "aten_norm_dtype": lambda x: torch.ops.aten.norm.ScalarOpt_dtype(x, None, dtype=torch.float64),
+    "aten_norm_dim_dtype": lambda x: torch.ops.aten.norm.ScalarOpt_dim_dtype(
+        x, 2, [0, 2], False, dtype=torch.float64
+    ),
+}
+
+
+FLOAT_WIDE = ["mean_dtype", "var_dim", "std_mean", "logsumexp", "logcumsumexp", "norm_dim",
+              "vector_norm_3"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [(n, torch.float32) for n in FLOAT_ONLY]
+    + [(n, d) for n in FLOAT_WIDE for d in (torch.float64, torch.bfloat16)],
+    ids=str,
+)
+def test_float_only(name, dtype):
+    _check(FLOAT_ONLY[name], _sample(dtype), **_tol(dtype))
+
+
+def test_integer_logsumexp_and_mean_dtype():
+    x = torch.randint(-3, 4, (3, 4))
+    assert_same(lambda t: t.logsumexp(1), x)
+    assert_same(lambda t: t.mean(dtype=torch.float32), x)
+
+
+# ------------------------------------------------------------------- NaN
+
+
+def _with_nans():
+    x = torch.randperm(24).float().reshape(4, 6)
+    x[0, 2] = x[0, 4] = NAN
+    x[2, :] = NAN
+    x[3, 0] = NAN
+    return x
+
+
+NAN_CASES = {
+    "max": lambda x: x.max(),
+    "min": lambda x: x.min(),
+    "max_dim": lambda x: x.max(1),
+    "min_dim": lambda x: x.min(0),
+    "amax": lambda x: x.amax(1),
+    "amin": lambda x: x.amin(0),
+    "aminmax": lambda x: torch.aminmax(x, dim=1),
+    "argmax": lambda x: x.argmax(),
+    "argmax_dim": lambda x: x.argmax(1),
+    "argmin_dim": lambda x: x.argmin(1),
+    "cummax": lambda x: x.cummax(1),
+    "cummin": lambda x: x.cummin(1),
+    "sort": lambda x: x.sort(1),
+    "sort_desc": lambda x: x.sort(1, descending=True),
+    "sort_dim0": lambda x: x.sort(dim=0, stable=True),
+    "topk": lambda x: x.topk(3, 1).values,  # torch orders tied NaNs arbitrarily
+    "topk_smallest": lambda x: x.topk(2, 1, largest=False).values,
+    "median": lambda x: x.median(),
+    "median_dim": lambda x: x.median(1),
+    "nanmedian": lambda x: x.nanmedian(),
+    "nanmedian_dim": lambda x: x.nanmedian(1).values,
+    "nansum": lambda x: x.nansum(),
+    "nansum_dim": lambda x: x.nansum(1, keepdim=True),
+    "logsumexp": lambda x: x.logsumexp(1),
+}
+
+
+@pytest.mark.parametrize("name", NAN_CASES)
+def test_nan_semantics(name):
+    assert_same(NAN_CASES[name], _with_nans())
+
+
+def test_infinities():
+    x = torch.tensor([[-INF, -INF, -INF], [1.0, INF, 2.0], [-INF, 0.0, 1.0]])
+    assert_same(lambda t: t.logsumexp(1), x)
+    assert_same(lambda t: t.logcumsumexp(1), x)
+    assert_same(lambda t: torch.linalg.vector_norm(t, INF, dim=1), x)
+
+
+# --------------------------------------------------------------- selection
+
+
+@pytest.fixture
+def distinct():
+    return torch.randperm(60).float().reshape(3, 4, 5) / 7 - 4
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.topk(3),
+        lambda x: x.topk(2, dim=0, largest=False),
+        lambda x: x.topk(4, dim=1, sorted=True),
+        lambda x: x.kthvalue(2),
+        lambda x: x.kthvalue(3, dim=1, keepdim=True),
+        lambda x: x.median(),
+        lambda x: x.median(-1),
+        lambda x: x.median(0, keepdim=True),
+        lambda x: x.nanmedian(1),
+        lambda x: x.sort(-2),
+        lambda x: x.sort(0, descending=True),
+        lambda x: torch.argsort(x, dim=1),
+    ],
+)
+def test_selection_indices(fn, distinct):
+    assert_same(fn, distinct)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16], ids=str)
+def test_selection_dtypes(dtype):
+    x = torch.randperm(20).reshape(4, 5).to(dtype)
+    for fn in (lambda t: t.topk(2), lambda t: t.kthvalue(3, 0), lambda t: t.median(1)):
+        assert_same(fn, x)
+
+
+def test_sort_ties_are_stable():
+    x = torch.tensor([[0.0, -0.0, 1.0, 0.0, -0.0, 1.0, NAN, -1.0, NAN]])
+    assert_same(lambda t: t.sort(stable=True), x)
+    assert_same(lambda t: t.sort(descending=True, stable=True), x)
+    ints = torch.randint(0, 3, (4, 9))
+    assert_same(lambda t: t.sort(stable=True), ints)
+    assert_same(lambda t: t.sort(dim=0, descending=True, stable=True), ints)
+    assert_same(lambda t: t.sort(dim=-1, stable=True), ints > 0)
+
+
+def test_mode():
+    x = torch.tensor([[1, 2, 2, 1, 3, 3], [5, 5, 5, 4, 4, 4], [7, 0, 7, 0, 0, 1]])
+    assert_same(lambda t: t.mode(), x)
+    assert_same(lambda t: t.mode(0, keepdim=True), x)
+    assert_same(lambda t: t.mode(1), x.float())
+
+
+# ------------------------------------------------------ empty and 0-d inputs
+
+
+EMPTY = {
+    "sum": lambda x: x.sum(0),
+    "sum_all": lambda x: x.sum(),
+    "prod": lambda x: x.prod(0),
+    "mean": lambda x: x.mean(0),
+    "var": lambda x: x.var(0),
+    "amax_other_dim": lambda x: x.amax(0),
+    "max_other_dim": lambda x: x.max(0),
+    "all": lambda x: x.all(1),
+    "any": lambda x: x.any(),
+    "cumsum": lambda x: x.cumsum(1),
+    "sort": lambda x: x.sort(1),
+    "logsumexp": lambda x: x.logsumexp(1),
+    "norm": lambda x: x.norm(dim=1),
+    "count_nonzero": lambda x: torch.count_nonzero(x, 1),
+}
+
+
+@pytest.mark.parametrize("name", EMPTY)
+def test_empty(name):
+    assert_same(EMPTY[name], torch.randn(3, 0))
+
+
+SCALAR = {
+    "sum_dim": lambda x: x.sum(0),
+    "mean_dim": lambda x: x.mean(-1, keepdim=True),
+    "max_dim": lambda x: x.max(0),
+    "argmax": lambda x: x.argmax(0),
+    "argmin_none": lambda x: x.argmin(),
+    "cumsum": lambda x: x.cumsum(0),
+    "cumprod": lambda x: x.cumprod(-1),
+    "cummax": lambda x: x.cummax(0),
+    "logcumsumexp": lambda x: x.logcumsumexp(0),
+    "sort": lambda x: x.sort(0),
+    "topk": lambda x: x.topk(1),
+    "kthvalue": lambda x: x.kthvalue(1),
+    "median": lambda x: x.median(),
+    "median_dim": lambda x: x.median(0),
+    "amax": lambda x: x.amax(0),
+    "norm": lambda x: x.norm(),
+}
+
+
+@pytest.mark.parametrize("name", SCALAR)
+def test_zero_dim(name):
+    assert_same(SCALAR[name], torch.tensor(1.5))
+
+
+def test_empty_dim_lists():
+    """dim=[] reduces everything, except in all/any where it reduces nothing. (nansum's CPU
+    kernel reduces everything but its meta kernel nothing; the engine follows the meta.)"""
+    x = torch.randn(3, 4)
+    assert_same(lambda t: (t.amax(dim=[]), t.mean(dim=[]), t.var(dim=[], keepdim=True)), x)
+    assert_same(lambda t: (torch.count_nonzero(t, dim=()), torch.linalg.vector_norm(t, dim=())), x)
+    assert_same(lambda t: (torch.all(t, dim=()), torch.any(t, dim=[], keepdim=True)), x)
+
+
+def test_median_of_empty_is_nan():
+    assert_same(lambda t: t.median(), torch.empty(0))
+
+
+# --------------------------------------------------------- out= and in-place
+
+
+def test_out_and_inplace_variants():
+    x = torch.randn(3, 5)
+
+    def fn(t):
+        total = torch.empty(0, device=t.device)
+        torch.sum(t, 1, out=total)
+        values = torch.empty(0, device=t.device)
+        indices = torch.empty(0, dtype=torch.long, device=t.device)
+        torch.max(t, 1, out=(values, indices))
+        sorted_values = torch.empty(0, device=t.device)
+        sorted_indices = torch.empty(0, dtype=torch.long, device=t.device)
+        torch.sort(t, 0, out=(sorted_values, sorted_indices))
+        scanned = t.clone().cumsum_(1)
+        return total, values, indices, sorted_values, sorted_indices, scanned
+
+    assert_same(fn, x)
+
+
+# ---------------------------------------------------------------- backward
+
+GRADS = {
+    "sum": lambda x: x.sum((0, 2)),
+    "mean": lambda x: x.mean(1),
+    "var": lambda x: x.var(1),
+    "std": lambda x: x.std(),
+    "prod": lambda x: x.prod(1),
+    "logsumexp": lambda x: x.logsumexp(2),
+    "cumsum": lambda x: x.cumsum(1),
+    "cumprod": lambda x: x.cumprod(-1),
+    "logcumsumexp": lambda x: x.logcumsumexp(0),
+    "cummax": lambda x: x.cummax(1)[0],
+    "amax": lambda x: x.amax(1),
+    "max": lambda x: x.max(),
+    "max_dim": lambda x: x.max(2)[0],
+    "sort": lambda x: x.sort(1)[0] * torch.arange(4.0, device=x.device)[:, None],
+    "topk": lambda x: x.topk(2)[0],
+    "median_dim": lambda x: x.median(1)[0],
+    "norm": lambda x: x.norm(dim=1),
+    "vector_norm_3": lambda x: torch.linalg.vector_norm(x, 3),
+    "vector_norm_inf": lambda x: torch.linalg.vector_norm(x, INF, dim=0),
+    "nansum": lambda x: x.nansum(1),
+}
+
+
+@pytest.mark.parametrize("name", GRADS)
+def test_grad(name, distinct):
+    assert_same_grad(GRADS[name], distinct, atol=1e-4, rtol=1e-4)
+
+
+def test_foreach_norm_and_clip_grad_norm():
+    tensors = [torch.randn(3, 4), torch.randn(5), torch.randn(2, 2, 2)]
+    assert_same(lambda *ts: torch._foreach_norm(list(ts)), *tensors)
+    assert_same(lambda *ts: torch._foreach_norm(list(ts), INF), *tensors)
+
+    def clip(*grads):
+        params = [torch.zeros_like(g, requires_grad=True) for g in grads]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        total = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        return total, *(p.grad for p in params)
+
+    assert_same(clip, *tensors)
