@@ -60,6 +60,25 @@ def _reinterpret(flat, src, dst):
     return lax.bitcast_convert_type(flat.reshape(-1, ratio), dst)
 
 
+def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """torch.Tensor.is_contiguous: row-major, ignoring the strides of size-1 dims."""
+    expected = contiguous_strides(shape)
+    return all(n == 1 or s == e for n, s, e in zip(shape, strides, expected))
+
+
+def is_dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True when the strides lay the elements out as a permutation of a dense block."""
+    if any(n == 0 for n in shape):
+        return False
+    dims = sorted((d for d, n in enumerate(shape) if n != 1), key=lambda d: -strides[d])
+    step = 1
+    for d in reversed(dims):
+        if strides[d] != step:
+            return False
+        step *= shape[d]
+    return True
+
+
 def _dense_plan(view: View):
     """(start, permuted shape, permutation) when the view is a permutation of a
     dense block (after dropping broadcast dims), else None."""

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import torch
 
 from . import dtypes, platform
+from .engine import fuse
 from .strided import View, contiguous_strides, storage_span
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -55,11 +56,26 @@ class Storage:
         self.numel = numel
         self.dtype = dtype  # jnp dtype of the flat array
 
-    def array(self):
-        """The flat array, materialising zeros for a storage that was never written."""
-        if self.value is None:
-            self.value = _zeros(self.numel, self.dtype)
-        return self.value
+    def array(self, reason: str = "value needed"):
+        """The flat array: materialises zeros for a storage never written, and runs
+        the fused segment (naming why) if the value is still pending."""
+        value = self.value
+        if value is None:
+            value = self.value = _zeros(self.numel, self.dtype)
+        elif type(value) is fuse.Pending:
+            if value.value is None:
+                fuse.flush(reason)
+            value = self.value = value.value
+        return value
+
+    def current(self):
+        """The value without forcing it: an array, or a Pending in fused mode."""
+        value = self.value
+        if value is None:
+            value = self.value = _zeros(self.numel, self.dtype)
+        elif type(value) is fuse.Pending and value.value is not None:
+            value = self.value = value.value
+        return value
 
 
 @jax.jit(static_argnums=(0, 1))

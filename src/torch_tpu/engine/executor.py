@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import torch
 
 from .. import dtypes, metrics, rng, strided
+from . import debug, fuse, modes
 from ..ops.registry import Lowering
 from ..tensor import new_tensor, replace_storage, storage_of, view_of
 from .schema import Kind, OpSchema
@@ -108,9 +109,10 @@ def _layout(spec: OpSpec, values: list, inputs: _Inputs) -> tuple:
     return tuple(layout)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Executable:
     fn: object  # jitted (storage arrays, dynamic scalars, rng inputs) -> (fresh, written)
+    program: object  # the same function unjitted: fused segments replay it
     fresh: tuple  # per fresh output: (shape, torch dtype) or a list of them
     written_slots: tuple[int, ...]
     resize: dict  # arg index -> shape that out= arguments must be resized to first
@@ -121,6 +123,12 @@ _CACHE: dict[tuple, _Executable] = {}
 
 def run(spec: OpSpec, args: tuple, kwargs: dict):
     """Execute one ATen call on tpu tensors; returns what the op returns."""
+    if modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
+        return debug.guarded(_run, spec, args, kwargs)
+    return _run(spec, args, kwargs)
+
+
+def _run(spec: OpSpec, args: tuple, kwargs: dict):
     values = spec.schema.bind(args, kwargs)
     inputs = _Inputs()
     layout = _layout(spec, values, inputs)
@@ -134,7 +142,7 @@ def run(spec: OpSpec, args: tuple, kwargs: dict):
         if entry.resize:
             for index, shape in entry.resize.items():
                 replace_storage(values[index], shape)
-            return run(spec, args, kwargs)
+            return _run(spec, args, kwargs)
         _CACHE[key] = entry
         start = time.perf_counter()
         result = _call(spec, entry, values, inputs)
@@ -169,9 +177,17 @@ def _key_inputs(spec: OpSpec):
 
 
 def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
-    arrays = tuple(s.array() for s in inputs.storages)
     dynamic = tuple(device_scalar(v) for v in inputs.dynamic)
-    fresh, written = entry.fn(arrays, dynamic, _key_inputs(spec))
+    mode = modes.current
+    if mode is modes.EagerMode.DEFER_AND_FUSE:
+        current = [s.current() for s in inputs.storages]
+        fresh, written = fuse.record(entry, current, dynamic, _key_inputs(spec))
+    elif mode is modes.EagerMode.DEFER_NEVER:
+        arrays = tuple(s.array() for s in inputs.storages)
+        fresh, written = entry.fn(arrays, dynamic, _key_inputs(spec))
+    else:
+        arrays = tuple(s.array() for s in inputs.storages)
+        fresh, written = debug.run_blocking(spec, values, entry.fn, arrays, dynamic, _key_inputs)
     for slot, value in zip(entry.written_slots, written):
         inputs.storages[slot].value = value
     tensors = [_wrap(meta, value) for meta, value in zip(entry.fresh, fresh)]
@@ -183,8 +199,8 @@ def _wrap(meta, value):
         return None
     if isinstance(meta, list):
         return [_wrap(m, v) for m, v in zip(meta, value)]
-    shape, dtype = meta
-    return new_tensor(shape, dtype, value)
+    shape, dtype, strides = meta
+    return new_tensor(shape, dtype, value, strides)
 
 
 def _returns(spec: OpSpec, values: list, fresh: list):
@@ -232,7 +248,13 @@ def _describe(t) -> object:
         return ABSENT
     if isinstance(t, (list, tuple)):
         return [_describe(x) for x in t]
-    return (tuple(t.shape), t.dtype)
+    shape, strides = tuple(t.shape), tuple(t.stride())
+    # Keep PyTorch's output strides when they are a permutation of a dense layout
+    # (transposed results, LAPACK's column-major factors): backward formulas and
+    # user code can depend on them. Anything else is stored contiguously.
+    if strides == strided.contiguous_strides(shape) or not strided.is_dense(shape, strides):
+        strides = None
+    return (shape, t.dtype, strides)
 
 
 def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
@@ -255,7 +277,7 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
                 if want != tuple(values[target].shape):
                     resize[target] = want
         if resize:
-            return _Executable(None, (), (), resize)
+            return _Executable(None, None, (), (), resize)
     else:
         fresh_meta = _eval_shapes(spec, layout)
     written = []
@@ -264,8 +286,8 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
             entry = layout[target]
             refs = [entry[1]] if entry[0] == "t" else [r for r in entry[1] if r is not None]
             written.extend(slot for slot, _ in refs if slot not in written)
-    fn = jax.jit(_program(spec, layout, fresh_meta, tuple(written)))
-    return _Executable(fn, tuple(fresh_meta), tuple(written), {})
+    program = _program(spec, layout, fresh_meta, tuple(written))
+    return _Executable(jax.jit(program), program, tuple(fresh_meta), tuple(written), {})
 
 
 def _eval_shapes(spec: OpSpec, layout: tuple) -> list:
@@ -283,7 +305,7 @@ def _meta_of(s):
         return ABSENT
     if isinstance(s, (list, tuple)):
         return [_meta_of(x) for x in s]
-    return (tuple(s.shape), dtypes.to_torch(s.dtype))
+    return (tuple(s.shape), dtypes.to_torch(s.dtype), None)
 
 
 def _abstract_storages(layout):
@@ -310,6 +332,13 @@ def _abstract_dynamic(layout):
 def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
     """The pure function that becomes one XLA executable for this call's geometry."""
     lowering = spec.lowering
+    extra = {}
+    if lowering.contiguity:
+        extra["contiguous"] = tuple(
+            strided.is_contiguous(layout[i][1][1].shape, layout[i][1][1].strides)
+            for i in spec.lowering_args
+            if layout[i] is not None and layout[i][0] == "t"
+        )
 
     def program(storages, dynamic, key_inputs):
         reads = {}
@@ -337,7 +366,7 @@ def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
         lowering_inputs = [arg(layout[i]) for i in spec.lowering_args]
         if lowering.random:
             lowering_inputs.insert(0, rng.make_key(*key_inputs))
-        outputs = lowering.fn(*lowering_inputs)
+        outputs = lowering.fn(*lowering_inputs, **extra)
         if len(spec.targets) == 1 or not isinstance(outputs, (tuple, list)):
             outputs = (outputs,)
         fresh = []
@@ -371,15 +400,21 @@ def _finish(out, meta, spec: OpSpec):
         metas = meta if meta is not None else [None] * len(out)
         return [_finish(o, m, spec) for o, m in zip(out, metas)]
     out = jnp.asarray(out)
-    if meta is None:
-        return out.reshape(-1)
-    shape, dtype = meta
+    if meta is None:  # shape-finding runs: the caller flattens
+        return out
+    shape, dtype, strides = meta
     if tuple(out.shape) != shape:
         raise RuntimeError(
             f"tpu lowering of {spec.schema.name} produced shape {tuple(out.shape)}, "
             f"PyTorch expects {shape}"
         )
-    return out.astype(dtypes.TORCH_TO_JAX[dtype]).reshape(-1)
+    jdtype = dtypes.TORCH_TO_JAX[dtype]
+    out = out.astype(jdtype)
+    if strides is None:
+        return out.reshape(-1)
+    span = strided.storage_span(shape, strides, 0)
+    view = strided.View(shape, strides, 0, jdtype, span, jdtype)
+    return strided.write(jnp.zeros((span,), jdtype), view, out)
 
 
 # ----------------------------------------------------- data-dependent shapes
@@ -389,12 +424,21 @@ def _run_unjitted(spec: OpSpec, values: list, layout: tuple, inputs: _Inputs):
     """Ops whose output shape depends on values (nonzero, unique): run op by op on
     concrete arrays, syncing with the device, as a TPU must."""
     metrics.count("host_syncs")
-    arrays = tuple(s.array() for s in inputs.storages)
+    metrics.count(f"host sync: {spec.schema.name}")
+    arrays = tuple(s.array(spec.schema.name) for s in inputs.storages)
     program = _program(spec, layout, None, ())
     dynamic = tuple(device_scalar(v) for v in inputs.dynamic)
     fresh, _ = program(arrays, dynamic, _key_inputs(spec))
-    tensors = [_wrap(_meta_of(f), f) for f in fresh]
+    tensors = [_wrap(_meta_of(f), _flat(f)) for f in fresh]
     return _returns(spec, values, tensors)
+
+
+def _flat(value):
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_flat(v) for v in value]
+    return value.reshape(-1)
 
 
 # ------------------------------------------------------------- host copies
@@ -404,26 +448,31 @@ def upload(cpu: torch.Tensor) -> torch.Tensor:
     """A tpu copy of a CPU tensor (contiguous)."""
     from .. import platform
 
-    array = jax.device_put(dtypes.numpy_from_cpu(cpu).reshape(-1), platform.device())
+    # A private host copy: XLA:CPU may wrap the buffer it is given (and other platforms
+    # read it asynchronously), so a later in-place change to the CPU tensor must not
+    # reach the buffer the device reads.
+    host = dtypes.numpy_from_cpu(cpu).reshape(-1).copy()
+    array = jax.device_put(host, platform.device())
     return new_tensor(tuple(cpu.shape), cpu.dtype, array)
 
 
 _READERS: dict = {}
 
 
-def device_value(t: torch.Tensor):
+def device_value(t: torch.Tensor, reason: str = "value needed"):
     """The tensor's value as a JAX array of its shape (dispatched, not waited for)."""
     storage = storage_of(t)
     view = view_of(t, storage)
     reader = _READERS.get(view)
     if reader is None:
         reader = _READERS[view] = jax.jit(lambda flat: strided.read(flat, view))
-    return reader(storage.array())
+    return reader(storage.array(reason))
 
 
-def download(t: torch.Tensor):
+def download(t: torch.Tensor, reason: str):
     """The tensor's value on the host as a numpy array (waits for the device)."""
     import numpy as np
 
     metrics.count("host_syncs")
-    return np.asarray(device_value(t))
+    metrics.count(f"host sync: {reason}")
+    return np.asarray(device_value(t, reason))

@@ -173,7 +173,7 @@ def _copy(self, src, non_blocking=False):
             src = executor.upload(src.to(self.dtype) if src.dtype != self.dtype else src)
         return executor.run(_COPY, (self, src, non_blocking), {})
     # tpu -> host
-    host = dtypes.cpu_from_numpy(executor.download(src), src.dtype)
+    host = dtypes.cpu_from_numpy(executor.download(src, "copy to host"), src.dtype)
     self.copy_(host)
     return self
 
@@ -189,7 +189,7 @@ def _copy_from_and_resize(self, dst):
 
 
 def _local_scalar_dense(self):
-    return executor.download(self).item()
+    return executor.download(self, "item()").item()
 
 
 def _equal(self, other):

@@ -16,6 +16,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg
 import numpy as np
 
 from .registry import lower
@@ -48,19 +49,9 @@ def _scale_add(self, product, beta, alpha):
 # ------------------------------------------------------------------ products
 
 
-@lower("mm.default", "bmm.default")
-def mm(self, mat2):
-    return _matmul(self, mat2)
-
-
-@lower("mv.default")
-def mv(self, vec):
-    return _matmul(self, vec)
-
-
-@lower("dot.default")
-def dot(self, tensor):
-    return _matmul(self, tensor)
+@lower("mm.default", "bmm.default", "mv.default", "dot.default")
+def matmul(self, other):
+    return _matmul(self, other)
 
 
 @lower("vdot.default")
@@ -68,14 +59,9 @@ def vdot(self, other):
     return _matmul(jnp.conj(self), other)
 
 
-@lower("addmm.default", "baddbmm.default")
-def addmm(self, mat1, mat2, beta=1, alpha=1):
-    return _scale_add(self, _matmul(mat1, mat2), beta, alpha)
-
-
-@lower("addmv.default")
-def addmv(self, mat, vec, beta=1, alpha=1):
-    return _scale_add(self, _matmul(mat, vec), beta, alpha)
+@lower("addmm.default", "baddbmm.default", "addmv.default")
+def addmm(self, left, right, beta=1, alpha=1):
+    return _scale_add(self, _matmul(left, right), beta, alpha)
 
 
 @lower("addbmm.default")
@@ -152,49 +138,43 @@ def _pivots_to_perm(pivots, n):
     return jax.lax.linalg.lu_pivots_to_permutation(pivots - 1, n)
 
 
-def _real_contiguous(a):
-    """Whether PyTorch factors A^T instead of A (it does for contiguous real A).
+def _unpack(lu, perm):
+    """(P, L, U) with A = P @ L @ U, from A[perm] = L @ U."""
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    p = (jnp.arange(m)[:, None] == perm[..., None, :]).astype(lu.dtype)
+    lower_part = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    return p, lower_part, jnp.triu(lu[..., :k, :])
 
-    A lowering sees values, not strides, so contiguity is assumed: the
-    factors of a non-contiguous real A follow the contiguous convention.
-    """
-    return not jnp.issubdtype(a.dtype, jnp.complexfloating)
+
+def _check_pivot(pivot, name):
+    if not pivot:
+        raise RuntimeError(f"{name}: LU without pivoting is not implemented on tpu")
 
 
 @lower("linalg_lu_factor_ex.default")
 def linalg_lu_factor_ex(A, pivot=True, check_errors=False):
-    if not pivot:
-        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on tpu")
+    _check_pivot(pivot, "linalg.lu_factor")
     lu, pivots, _ = _lu(A)
     return lu, pivots, _singular_info(lu)
 
 
 @lower("linalg_lu.default")
 def linalg_lu(A, pivot=True):
-    if not pivot:
-        raise RuntimeError("linalg.lu: LU without pivoting is not implemented on tpu")
+    _check_pivot(pivot, "linalg.lu")
     lu, _, perm = _lu(A)
-    m, n = A.shape[-2:]
-    k = min(m, n)
-    lower_part = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
-    upper_part = jnp.triu(lu[..., :k, :])
-    p = (jnp.arange(m)[:, None] == perm[..., None, :]).astype(lu.dtype)
-    return p, lower_part, upper_part
+    return _unpack(lu, perm)
 
 
 @lower("lu_unpack.default")
 def lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
-    m, n = LU_data.shape[-2:]
-    k = min(m, n)
+    p, lower_part, upper_part = _unpack(LU_data, _pivots_to_perm(LU_pivots, LU_data.shape[-2]))
     empty = jnp.zeros((0,), LU_data.dtype)
-    p = empty
-    if unpack_pivots:
-        perm = _pivots_to_perm(LU_pivots, m)
-        p = (jnp.arange(m)[:, None] == perm[..., None, :]).astype(LU_data.dtype)
+    if not unpack_pivots:
+        p = empty
     if not unpack_data:
-        return p, empty, empty
-    lower_part = jnp.tril(LU_data[..., :, :k], -1) + jnp.eye(m, k, dtype=LU_data.dtype)
-    return p, lower_part, jnp.triu(LU_data[..., :k, :])
+        lower_part = upper_part = empty
+    return p, lower_part, upper_part
 
 
 @lower("linalg_lu_solve.default")
@@ -221,9 +201,11 @@ def linalg_solve_ex(A, B, left=True, check_errors=False):
     return (x[..., 0] if vector else x), lu, pivots, _singular_info(lu)
 
 
-def _lu_for_det(A):
-    """The LU factors PyTorch's det backward expects: of A^T for real A, else of A."""
-    return _lu(jnp.swapaxes(A, -1, -2) if _real_contiguous(A) else A)
+def _lu_for_det(A, contiguous: bool):
+    """The LU factors PyTorch's det backward expects: of A^T when A is real and
+    contiguous (the CPU kernel's shortcut, det(A^T) = det(A)), else of A."""
+    real = not jnp.issubdtype(A.dtype, jnp.complexfloating)
+    return _lu(jnp.swapaxes(A, -1, -2) if real and contiguous else A)
 
 
 def _permutation_sign(pivots):
@@ -231,16 +213,16 @@ def _permutation_sign(pivots):
     return 1 - 2 * (swaps % 2)
 
 
-@lower("_linalg_det.default")
-def linalg_det(A):
-    lu, pivots, _ = _lu_for_det(A)
+@lower("_linalg_det.default", contiguity=True)
+def linalg_det(A, contiguous):
+    lu, pivots, _ = _lu_for_det(A, contiguous[0])
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     return jnp.prod(diag, axis=-1) * _permutation_sign(pivots).astype(A.dtype), lu, pivots
 
 
-@lower("_linalg_slogdet.default")
-def linalg_slogdet(A):
-    lu, pivots, _ = _lu_for_det(A)
+@lower("_linalg_slogdet.default", contiguity=True)
+def linalg_slogdet(A, contiguous):
+    lu, pivots, _ = _lu_for_det(A, contiguous[0])
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     size = jnp.abs(diag)
     phase = jnp.prod(jnp.where(size == 0, 0, diag / jnp.where(size == 0, 1, size)), axis=-1)
@@ -283,12 +265,35 @@ def cholesky_inverse(self, upper=False):
     return _cholesky_solve(self, eye, upper)
 
 
+def _cholesky(a, upper):
+    """The factor from a's lower triangle (NaN where a is not positive-definite)."""
+    L = jax.lax.linalg.cholesky(a, symmetrize_input=False)
+    return jnp.conj(jnp.swapaxes(L, -1, -2)) if upper else L
+
+
 @lower("linalg_cholesky_ex.default")
 def linalg_cholesky_ex(self, upper=False, check_errors=False):
-    L = jax.lax.linalg.cholesky(self, symmetrize_input=False)
-    failed = jnp.isnan(jnp.real(jnp.diagonal(L, axis1=-2, axis2=-1)))
+    """info approximates LAPACK's: 1 + the first NaN pivot (XLA does not report
+    which leading minor failed)."""
+    factor = _cholesky(self, upper)
+    failed = jnp.isnan(jnp.real(jnp.diagonal(factor, axis1=-2, axis2=-1)))
     info = jnp.where(failed.any(-1), jnp.argmax(failed, axis=-1) + 1, 0).astype(jnp.int32)
-    return (jnp.conj(jnp.swapaxes(L, -1, -2)) if upper else L), info
+    return factor, info
+
+
+@lower("cholesky.default")
+def cholesky(self, upper=False):
+    return _cholesky(self, upper)
+
+
+@lower("linalg_matrix_exp.default")
+def linalg_matrix_exp(self):
+    return jax.scipy.linalg.expm(self)
+
+
+@lower("linalg_householder_product.default")
+def linalg_householder_product(input, tau):
+    return jax.lax.linalg.householder_product(input, tau)
 
 
 # ------------------------------------------------------- spectral and QR
@@ -321,7 +326,8 @@ def linalg_eigh(A, UPLO="L", compute_v=True):
 @lower("linalg_lstsq.default", dynamic_shape=True)
 def linalg_lstsq(self, b, rcond=None, driver=None):
     """Minimum-norm least squares through the SVD. Residuals exist only when every
-    matrix is tall and of full rank, so their shape depends on values."""
+    matrix is tall and of full rank, so their shape depends on values; which
+    outputs are filled follows the LAPACK driver PyTorch's CPU would use."""
     A, B = _batch_broadcast(self, b)
     m, n = A.shape[-2:]
     u, s, vh = jnp.linalg.svd(A, full_matrices=False)
@@ -332,9 +338,9 @@ def linalg_lstsq(self, b, rcond=None, driver=None):
     coeffs = _matmul(jnp.conj(jnp.swapaxes(u, -1, -2)), B) * inv_s[..., :, None]
     x = _matmul(jnp.conj(jnp.swapaxes(vh, -1, -2)), coeffs)
     rank = keep.sum(-1).astype(jnp.int64)
-    driver = driver or "gelsy"
     residuals = jnp.zeros((0,), s.dtype)
-    if m > n and driver != "gelsy" or (m > n and bool((rank == n).all())):
+    driver = driver or "gelsy"  # the CPU default, which reports no residuals
+    if m > n and driver != "gelsy" and bool((rank == n).all()):
         residuals = jnp.sum(jnp.abs(_matmul(A, x) - B) ** 2, axis=-2)
     if driver == "gels":
         rank = jnp.zeros((0,), jnp.int64)

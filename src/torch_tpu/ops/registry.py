@@ -24,6 +24,9 @@ class Lowering:
     random: bool = False  # fn takes a jax PRNG key as its first argument
     dynamic_shape: bool = False  # output shape depends on values: runs un-jitted
     writes: tuple[str, ...] = ()  # arguments mutated although the schema does not say so
+    # fn also gets contiguous=(bool per tensor argument): for the few ops whose results
+    # PyTorch defines by the input's memory layout (det's LU factors)
+    contiguity: bool = False
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -41,6 +44,7 @@ def lower(
     random: bool = False,
     dynamic_shape: bool = False,
     writes: tuple[str, ...] = (),
+    contiguity: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register fn as the lowering of each named aten overload."""
 
@@ -49,7 +53,9 @@ def lower(
             key = canonical(name)
             if key in LOWERINGS:
                 raise ValueError(f"aten::{key} is lowered twice")
-            LOWERINGS[key] = Lowering(key, fn, static_scalars, random, dynamic_shape, writes)
+            LOWERINGS[key] = Lowering(
+                key, fn, static_scalars, random, dynamic_shape, writes, contiguity
+            )
         return fn
 
     return register

@@ -1,0 +1,104 @@
+"""Factories on tpu match the CPU: values, dtypes (inferred like torch), shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_tpu
+
+
+@pytest.fixture(autouse=True)
+def no_fallback():
+    torch_tpu.metrics.reset()
+    yield
+    assert not torch_tpu.metrics.snapshot()["fallback_ops"]
+
+
+def _same(make, **kwargs):
+    """make(device=...) gives the same tensor on tpu as on the CPU."""
+    expected = make(device="cpu")
+    actual = make(device="tpu")
+    assert actual.device.type == "tpu"
+    torch.testing.assert_close(actual.cpu(), expected, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "args,kwargs",
+    [
+        ((5,), {}),
+        ((2, 11, 3), {}),
+        ((10, 0, -3), {}),
+        ((0, 1, 0.1), {}),
+        ((-1.5, 2.5), {}),
+        ((0.5, 5, 1.5), {"dtype": torch.int64}),
+        ((4,), {"dtype": torch.float64}),
+        ((0, 3, 0.25), {"dtype": torch.bfloat16}),
+        ((0,), {}),
+    ],
+)
+def test_arange(args, kwargs):
+    _same(lambda device: torch.arange(*args, device=device, **kwargs))
+
+
+def test_arange_out_resizes():
+    out = torch.empty(0, device="tpu", dtype=torch.int32)
+    torch.arange(1, 7, 2, out=out)
+    assert torch.equal(out.cpu(), torch.tensor([1, 3, 5], dtype=torch.int32))
+
+
+@pytest.mark.parametrize(
+    "args,kwargs",
+    [
+        ((0, 1, 5), {}),
+        ((-3.5, 10, 7), {"dtype": torch.float64}),
+        ((-1.5, 10.7, 4), {"dtype": torch.int64}),
+        ((2, 2, 1), {}),
+        ((1, 0, 0), {}),
+    ],
+)
+def test_linspace_logspace(args, kwargs):
+    _same(lambda device: torch.linspace(*args, device=device, **kwargs))
+    _same(lambda device: torch.logspace(*args, device=device, **kwargs), rtol=1e-5, atol=1e-5)
+    _same(lambda device: torch.logspace(*args, base=2, device=device, **kwargs))
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 4), (4, 2), (0, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_eye(shape, dtype):
+    _same(lambda device: torch.eye(*shape, device=device, dtype=dtype))
+
+
+@pytest.mark.parametrize("args", [(3, 3), (4, 3, 1), (3, 5, -1), (0, 0), (2, 6, 10)])
+def test_triangle_indices(args):
+    _same(lambda device: torch.tril_indices(*args, device=device))
+    _same(lambda device: torch.triu_indices(*args, device=device))
+    _same(lambda device: torch.tril_indices(*args, device=device, dtype=torch.int32))
+
+
+def test_like_factories():
+    for dtype in (torch.float32, torch.int32):
+        base = torch.ones(2, 3, dtype=dtype)
+
+        def on(device, base=base):
+            return base.to(device)
+
+        _same(lambda device: torch.zeros_like(on(device)))
+        _same(lambda device: torch.ones_like(on(device), dtype=torch.float64))
+        _same(lambda device: torch.full_like(on(device), 7))
+        _same(lambda device: on(device).new_full((4,), 2.5, dtype=torch.float32))
+        _same(lambda device: on(device).new_zeros((2, 2)))
+        empty = torch.empty_like(on("tpu"))
+        assert empty.shape == (2, 3) and empty.dtype == dtype and empty.device.type == "tpu"
+
+
+def test_scalar_and_literal_tensors():
+    _same(lambda device: torch.scalar_tensor(3.5, device=device))
+    _same(lambda device: torch.scalar_tensor(2, device=device, dtype=torch.int64))
+    _same(lambda device: torch.tensor([[1, 2], [3, 4]], device=device))
+    _same(lambda device: torch.tensor([1.5, -2.0], device=device, dtype=torch.bfloat16))
+    _same(lambda device: torch.tensor(True, device=device))
+    _same(lambda device: torch.tensor([1 + 2j], device=device))
+    _same(lambda device: torch.full((2, 3), 4, device=device))
+    _same(lambda device: torch.zeros(2, 3, device=device, dtype=torch.int8))
+    _same(lambda device: torch.ones(0, 4, device=device))

@@ -1,0 +1,291 @@
+"""Matrix products, decompositions, solvers, distances and FFTs against the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_same, assert_same_grad
+
+import torch_tpu
+
+F32 = {"atol": 1e-4, "rtol": 1e-4}
+# torch.cholesky and torch.triangular_solve are deprecated but still dispatch to backend ops.
+pytestmark = pytest.mark.filterwarnings("ignore:.*(deprecated|will be removed):UserWarning")
+
+
+@pytest.fixture
+def no_fallback():
+    torch_tpu.metrics.reset()
+    yield
+    assert not torch_tpu.metrics.snapshot()["fallback_ops"]
+
+
+def _well_conditioned(*shape, dtype=torch.float64):
+    n = shape[-1]
+    return torch.randn(*shape, dtype=dtype) + n * torch.eye(n, dtype=dtype)
+
+
+def _spd(*shape, dtype=torch.float64):
+    a = torch.randn(*shape, dtype=dtype)
+    return a @ a.mT + shape[-1] * torch.eye(shape[-1], dtype=dtype)
+
+
+# ----------------------------------------------------------------- products
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.complex64])
+def test_mm_bmm(dtype):
+    a = torch.randn(5, 7).to(dtype) if dtype != torch.int64 else torch.randint(-9, 9, (5, 7))
+    b = torch.randn(7, 3).to(dtype) if dtype != torch.int64 else torch.randint(-9, 9, (7, 3))
+    assert_same(torch.mm, a, b, **F32)
+    assert_same(torch.bmm, a.expand(2, 5, 7), b.expand(2, 7, 3), **F32)
+
+
+def test_bfloat16_mm_accumulates_wide():
+    a, b = torch.randn(16, 64).bfloat16(), torch.randn(64, 8).bfloat16()
+    assert_same(torch.mm, a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_matrix_vector_products(no_fallback):
+    m, v, w = torch.randn(4, 3), torch.randn(3), torch.randn(4)
+    assert_same(torch.mv, m, v, **F32)
+    assert_same(torch.dot, v, v, **F32)
+    c = torch.randn(3, dtype=torch.complex64)
+    assert_same(torch.vdot, c, c * 2j, **F32)
+    assert_same(lambda s, a, x: torch.addmv(s, a, x, beta=0.5, alpha=2), w, m, v, **F32)
+
+
+def test_addmm_family_beta_alpha(no_fallback):
+    s, a, b = torch.randn(4, 5), torch.randn(4, 3), torch.randn(3, 5)
+    assert_same(lambda s, a, b: torch.addmm(s, a, b, beta=0.5, alpha=-2), s, a, b, **F32)
+    nan = torch.full((4, 5), float("nan"))
+    assert_same(lambda s, a, b: torch.addmm(s, a, b, beta=0), nan, a, b, **F32)
+    b1, b2 = torch.randn(2, 4, 3), torch.randn(2, 3, 5)
+    assert_same(lambda s, x, y: torch.baddbmm(s, x, y, beta=2, alpha=0.5), s, b1, b2, **F32)
+    assert_same(lambda s, x, y: torch.addbmm(s, x, y, beta=2, alpha=0.5), s, b1, b2, **F32)
+
+
+def test_composites_matmul_linear_einsum():
+    x, w, bias = torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5)
+    assert_same(lambda x, w: x @ w.t(), x, w, **F32)
+    assert_same(torch.nn.functional.linear, x, w, bias, **F32)
+    assert_same(lambda x, w: torch.einsum("bij,kj->bik", x, w), x, w, **F32)
+    assert_same(torch.matmul, torch.randn(4), torch.randn(4, 2), **F32)
+
+
+@pytest.mark.parametrize(
+    "fn,shapes",
+    [
+        (torch.mm, [(4, 3), (3, 5)]),
+        (torch.bmm, [(2, 4, 3), (2, 3, 5)]),
+        (torch.mv, [(4, 3), (3,)]),
+        (torch.dot, [(3,), (3,)]),
+        (lambda s, a, b: torch.addmm(s, a, b, beta=0.5, alpha=2), [(5,), (4, 3), (3, 5)]),
+        (lambda s, a, b: torch.baddbmm(s, a, b, alpha=2), [(4, 5), (2, 4, 3), (2, 3, 5)]),
+        (lambda s, a, b: torch.addbmm(s, a, b, alpha=2), [(4, 5), (2, 4, 3), (2, 3, 5)]),
+        (lambda s, a, b: torch.addmv(s, a, b, beta=2), [(4,), (4, 3), (3,)]),
+        (lambda x, w: torch.nn.functional.linear(x, w), [(2, 3, 4), (5, 4)]),
+    ],
+)
+def test_product_gradients(fn, shapes):
+    assert_same_grad(fn, *[torch.randn(*s) for s in shapes], **F32)
+
+
+def test_trace_and_cross():
+    a = torch.randn(4, 4)
+    assert_same(torch.trace, a, **F32)
+    assert_same(torch.trace, torch.randint(0, 100, (3, 3), dtype=torch.int8))
+    x, y = torch.randn(5, 3), torch.randn(5, 3)
+    assert_same(torch.linalg.cross, x, y, **F32)
+    assert_same(lambda x, y: torch.linalg.cross(x, y, dim=0), x.t(), y[:1].t(), **F32)
+    assert_same_grad(torch.linalg.cross, x, y, **F32)
+
+
+def test_kron_and_outer():
+    a, b = torch.randn(2, 3), torch.randn(3, 2)
+    assert_same(torch.kron, a, b)
+    assert_same(torch.outer, torch.randn(3), torch.randn(4))
+
+
+# ------------------------------------------------------------ decompositions
+
+
+def test_inverse_and_solve(no_fallback):
+    a = _well_conditioned(2, 4, 4)
+    b = torch.randn(2, 4, 3, dtype=torch.float64)
+    assert_same(torch.linalg.inv, a)
+    assert_same(torch.linalg.solve, a, b)
+    assert_same(torch.linalg.solve, a, b[..., 0])
+    assert_same(lambda a, b: torch.linalg.solve(a, b, left=False), a, b.mT)
+    assert_same(torch.linalg.solve, a[0], torch.randn(4, dtype=torch.float64))
+
+
+def test_inverse_reports_singular():
+    a = torch.zeros(3, 3, device="tpu")
+    assert torch.linalg.inv_ex(a).info.item() > 0
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.inv(a)
+
+
+@pytest.mark.parametrize("left", [True, False])
+def test_solve_and_inverse_gradients(left):
+    a = _well_conditioned(3, 3)
+    b = torch.randn(3, 2, dtype=torch.float64)
+    assert_same_grad(lambda a, b: torch.linalg.solve(a, b if left else b.mT, left=left), a, b)
+    assert_same_grad(torch.linalg.inv, a)
+
+
+def test_lu_family():
+    a = _well_conditioned(2, 4, 4)
+    assert_same(torch.linalg.lu_factor, a)
+    assert_same(torch.linalg.lu, a)
+    assert_same(torch.linalg.lu, torch.randn(5, 3, dtype=torch.float64))
+    lu, piv = torch.linalg.lu_factor(a)
+    assert_same(torch.lu_unpack, lu, piv)
+    b = torch.randn(2, 4, 2, dtype=torch.float64)
+    for left in (True, False):
+        for adjoint in (True, False):
+            rhs = b if left else b.mT
+
+            def solve(lu, piv, rhs, left=left, adjoint=adjoint):
+                return torch.linalg.lu_solve(lu, piv, rhs, left=left, adjoint=adjoint)
+
+            assert_same(solve, lu, piv, rhs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_det_slogdet(dtype):
+    a = _well_conditioned(2, 4, 4, dtype=dtype)
+    assert_same(torch.linalg.det, a)
+    assert_same(torch.linalg.slogdet, a)
+    assert_same_grad(lambda a: torch.linalg.det(a).abs(), a)
+    assert_same_grad(lambda a: torch.linalg.slogdet(a).logabsdet, a)
+    singular = torch.ones(3, 3, dtype=dtype)
+    assert_same(torch.linalg.det, singular)
+
+
+def test_cholesky(no_fallback):
+    s = _spd(2, 4, 4)
+    assert_same(torch.linalg.cholesky, s)
+    assert_same(lambda s: torch.linalg.cholesky(s, upper=True), s)
+    assert_same_grad(torch.linalg.cholesky, s)
+    assert torch.linalg.cholesky_ex(-s.to("tpu")).info.cpu().ne(0).all()
+    l_factor = torch.linalg.cholesky(s)
+    b = torch.randn(2, 4, 3, dtype=torch.float64)
+    assert_same(torch.cholesky_solve, b, l_factor)
+    assert_same(lambda b, u: torch.cholesky_solve(b, u, upper=True), b, l_factor.mT)
+    assert_same(torch.cholesky_inverse, l_factor[0])
+    assert_same(lambda s: torch.cholesky(s, upper=True), s[0])
+
+
+def test_matrix_exp_and_householder():
+    a = torch.randn(2, 3, 3, dtype=torch.float64)
+    assert_same(torch.linalg.matrix_exp, a)
+    reflectors, tau = torch.geqrf(torch.randn(4, 3, dtype=torch.float64))
+    assert_same(torch.linalg.householder_product, reflectors, tau)
+
+
+def test_triangular_solves():
+    l_factor = torch.linalg.cholesky(_spd(2, 4, 4))
+    b = torch.randn(2, 4, 3, dtype=torch.float64)
+    assert_same(lambda a, b: torch.linalg.solve_triangular(a, b, upper=False), l_factor, b)
+    assert_same(
+        lambda a, b: torch.linalg.solve_triangular(a, b, upper=True, left=False),
+        l_factor.mT,
+        b.mT,
+    )
+    assert_same(
+        lambda a, b: torch.linalg.solve_triangular(a, b, upper=False, unitriangular=True),
+        l_factor,
+        b,
+    )
+    assert_same(lambda b, a: torch.triangular_solve(b, a, upper=False), b, l_factor)
+    assert_same(lambda b, a: torch.triangular_solve(b, a, transpose=True), b, l_factor.mT)
+    assert_same_grad(lambda a, b: torch.linalg.solve_triangular(a, b, upper=False), l_factor, b)
+
+
+def _check_qr(q, r, a):
+    torch.testing.assert_close((q @ r).cpu(), a)
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 4)])
+def test_qr(shape):
+    a = torch.randn(*shape, dtype=torch.float64)
+    assert_same(torch.linalg.qr, a)
+    assert_same(lambda a: torch.linalg.qr(a, mode="complete"), a)
+    assert_same(lambda a: torch.linalg.qr(a, mode="r"), a)
+    assert_same_grad(lambda a: torch.linalg.qr(a), a)
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 5)])
+def test_svd(shape):
+    a = torch.randn(*shape, dtype=torch.float64)
+    u, s, vh = torch.linalg.svd(a.to("tpu"), full_matrices=False)
+    torch.testing.assert_close((u * s[..., None, :] @ vh).cpu(), a)
+    assert_same(torch.linalg.svdvals, a)
+    u, s, vh = torch.linalg.svd(a.to("tpu"))
+    assert u.shape[-1] == shape[-2] and vh.shape[-1] == shape[-1]
+    assert_same_grad(torch.linalg.svdvals, a)
+
+
+def test_eigh():
+    s = _spd(2, 4, 4)
+    values, vectors = torch.linalg.eigh(s.to("tpu"))
+    torch.testing.assert_close(values.cpu(), torch.linalg.eigvalsh(s))
+    torch.testing.assert_close((vectors * values[..., None, :] @ vectors.mT).cpu(), s)
+    assert_same(lambda s: torch.linalg.eigvalsh(s, UPLO="U"), s)
+    assert_same_grad(torch.linalg.eigvalsh, s)
+
+
+@pytest.mark.parametrize("shape", [(6, 3), (2, 3, 3)])
+def test_lstsq(shape):
+    a = torch.randn(*shape, dtype=torch.float64)
+    b = torch.randn(*shape[:-1], 2, dtype=torch.float64)
+    assert_same(lambda a, b: torch.linalg.lstsq(a, b), a, b)
+    assert_same(lambda a, b: torch.linalg.lstsq(a, b, driver="gelsd"), a, b)
+
+
+# ------------------------------------------------------------ cdist and FFT
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 2.0, 3.0, float("inf")])
+def test_cdist(p, no_fallback):
+    x1, x2 = torch.randn(2, 5, 3), torch.randn(2, 6, 3)
+    x2[0, 0] = x1[0, 0]  # a zero distance: its gradient must be 0, not NaN
+    assert_same(lambda a, b: torch.cdist(a, b, p=p), x1, x2, **F32)
+    assert_same_grad(lambda a, b: torch.cdist(a, b, p=p), x1, x2, **F32)
+
+
+def test_cdist_matrix_product_path():
+    x1, x2 = torch.randn(30, 4), torch.randn(27, 4)
+    assert_same(torch.cdist, x1, x2, **F32)
+    assert_same_grad(torch.cdist, x1, x2, **F32)
+
+
+def test_fft_forward(no_fallback):
+    x = torch.randn(4, 6)
+    c = torch.randn(4, 6, dtype=torch.complex64)
+    assert_same(torch.fft.rfft, x, **F32)
+    assert_same(lambda x: torch.fft.rfftn(x, norm="ortho"), x, **F32)
+    assert_same(lambda x: torch.fft.irfft(x, n=7, norm="forward"), c, **F32)
+    assert_same(lambda x: torch.fft.irfft2(x, norm="ortho"), c, **F32)
+    assert_same(lambda x: torch.fft.fft2(x, norm="forward"), c, **F32)
+    assert_same(torch.fft.ifft, c, **F32)
+    assert_same(torch.fft.fft, x, **F32)
+
+
+def test_fft_gradients():
+    x = torch.randn(8)
+    assert_same_grad(lambda x: torch.fft.rfft(x).abs(), x, **F32)
+    assert_same_grad(lambda x: torch.fft.irfft(x.to(torch.complex64)), x, **F32)
+    assert_same_grad(lambda x: torch.fft.fft(x).real, x, **F32)
+
+
+@pytest.mark.parametrize("fn", ["det", "slogdet"])
+def test_det_gradient_follows_input_layout(fn):
+    """PyTorch's det backward reads LU factors of A^T or of A depending on whether A
+    is contiguous; both layouts must give CPU's gradient."""
+    a = torch.randn(4, 4, dtype=torch.float64)
+    op = torch.linalg.det if fn == "det" else (lambda m: torch.linalg.slogdet(m)[1])
+    for view in (lambda m: m, lambda m: m.mT):
+        assert_same_grad(lambda m: op(view(m)), a)

@@ -1,0 +1,144 @@
+"""Random sampling on tpu: distributions, ranges, seeding, and no CPU fallback."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import torch_tpu
+
+N = 20_000
+
+
+@pytest.fixture(autouse=True)
+def no_fallback():
+    torch_tpu.metrics.reset()
+    yield
+    assert not torch_tpu.metrics.snapshot()["fallback_ops"]
+
+
+def _stats(t):
+    t = t.cpu().double()
+    return t.mean().item(), t.std().item()
+
+
+def test_manual_seed_repeats_and_calls_differ():
+    torch.manual_seed(123)
+    a, b = torch.rand(8, device="tpu").cpu(), torch.rand(8, device="tpu").cpu()
+    torch.manual_seed(123)
+    assert torch.equal(torch.rand(8, device="tpu").cpu(), a)
+    assert not torch.equal(a, b)
+    assert torch_tpu.rng.initial_seed() == 123
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rand_uniform(dtype):
+    x = torch.rand(N, device="tpu", dtype=dtype)
+    assert x.dtype == dtype and x.device.type == "tpu"
+    cpu = x.cpu().double()
+    assert 0 <= cpu.min() and cpu.max() < 1
+    mean, std = _stats(x)
+    assert abs(mean - 0.5) < 0.02 and abs(std - math.sqrt(1 / 12)) < 0.02
+    y = torch.empty(N, device="tpu").uniform_(-3, 5).cpu()
+    assert -3 <= y.min() and y.max() < 5 and abs(y.mean() - 1) < 0.1
+
+
+def test_randn_normal_and_like():
+    mean, std = _stats(torch.randn(N, device="tpu"))
+    assert abs(mean) < 0.05 and abs(std - 1) < 0.05
+    mean, std = _stats(torch.empty(N, device="tpu").normal_(3, 2))
+    assert abs(mean - 3) < 0.1 and abs(std - 2) < 0.1
+    base = torch.zeros(3, 5, device="tpu")
+    like = torch.randn_like(base)
+    assert like.shape == (3, 5) and like.device.type == "tpu"
+    assert torch.rand_like(base).cpu().lt(1).all()
+    c = torch.randn(N, device="tpu", dtype=torch.complex64).cpu()
+    assert abs(c.real.var() - 0.5) < 0.05 and abs(c.imag.var() - 0.5) < 0.05
+
+
+def test_normal_tensor_overloads():
+    means = torch.arange(4.0, device="tpu").repeat(N // 4)
+    for out in (torch.normal(means, 0.5), torch.normal(means, torch.full_like(means, 0.5))):
+        assert out.shape == means.shape
+        diff = (out - means).cpu()
+        assert abs(diff.mean()) < 0.05 and abs(diff.std() - 0.5) < 0.05
+    mean, std = _stats(torch.normal(2.0, torch.full((N,), 3.0, device="tpu")))
+    assert abs(mean - 2) < 0.15 and abs(std - 3) < 0.15
+    mean, std = _stats(torch.normal(1.0, 2.0, (N,), device="tpu"))
+    assert abs(mean - 1) < 0.1 and abs(std - 2) < 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_randint_ranges(dtype):
+    low = -5 if dtype != torch.uint8 else 0
+    x = torch.randint(low, 7, (N,), device="tpu", dtype=dtype)
+    assert x.dtype == dtype
+    values = x.cpu()
+    assert values.min() == low and values.max() == 6
+    counts = torch.bincount(values.long() - low)
+    assert counts.min() > N / len(counts) * 0.8
+    assert torch.randint(3, (5,), device="tpu").cpu().lt(3).all()
+    assert torch.randint_like(x, 10).cpu().lt(10).all()
+
+
+def test_random_defaults_follow_dtype():
+    assert torch.empty(N, device="tpu", dtype=torch.uint8).random_().cpu().max() > 250
+    floats = torch.empty(N, device="tpu").random_().cpu()
+    assert floats.min() >= 0 and floats.max() <= 2**24 and floats.max() > 2**23
+    assert torch.equal(floats, floats.round())
+    wide = torch.empty(N, device="tpu", dtype=torch.int64).random_().cpu()
+    assert wide.min() >= 0 and wide.max() > 2**62
+    full = torch.empty(N, device="tpu", dtype=torch.int64).random_(-(2**63), None).cpu()
+    assert full.min() < -(2**62) and full.max() > 2**62
+    bools = torch.empty(N, device="tpu", dtype=torch.bool).random_().cpu()
+    assert 0.45 < bools.float().mean() < 0.55
+    to = torch.empty(N, device="tpu", dtype=torch.int16).random_(9).cpu()
+    assert to.min() == 0 and to.max() == 8
+
+
+def test_randperm():
+    for n, dtype in ((1, torch.int64), (100, torch.int64), (50, torch.int32), (30, torch.float32)):
+        p = torch.randperm(n, device="tpu", dtype=dtype)
+        assert p.dtype == dtype
+        assert torch.equal(p.cpu().sort().values, torch.arange(n, dtype=dtype))
+    assert not torch.equal(torch.randperm(100, device="tpu").cpu(), torch.arange(100))
+
+
+def test_bernoulli_and_dropout():
+    p = torch.rand(N, device="tpu")
+    draws = torch.bernoulli(p).cpu()
+    assert set(draws.unique().tolist()) <= {0.0, 1.0}
+    assert abs(draws.mean() - p.cpu().mean()) < 0.02
+    assert abs(torch.bernoulli(p, 0.3).cpu().mean() - 0.3) < 0.02
+    mask = torch.empty(N, device="tpu").bernoulli_(0.25).cpu()
+    assert abs(mask.mean() - 0.25) < 0.02
+    assert abs(torch.empty(N, device="tpu").bernoulli_(p).cpu().mean() - p.cpu().mean()) < 0.02
+    dropped = torch.nn.functional.dropout(torch.ones(N, device="tpu"), 0.4).cpu()
+    kept = dropped[dropped != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.6))
+    assert abs((dropped == 0).double().mean() - 0.4) < 0.02
+
+
+def test_other_distributions():
+    mean, _ = _stats(torch.empty(N, device="tpu").exponential_(2.0))
+    assert abs(mean - 0.5) < 0.03
+    geo = torch.empty(N, device="tpu").geometric_(0.25).cpu()
+    assert geo.min() >= 1 and torch.equal(geo, geo.round()) and abs(geo.mean() - 4) < 0.2
+    logn = torch.empty(N, device="tpu").log_normal_(0.0, 0.5).cpu()
+    assert abs(logn.log().mean()) < 0.03 and abs(logn.log().std() - 0.5) < 0.03
+    cauchy = torch.empty(N, device="tpu").cauchy_(1.0, 2.0).cpu()
+    assert abs(cauchy.median() - 1) < 0.15
+    assert abs(((cauchy - 1).abs() < 2).double().mean() - 0.5) < 0.03
+
+
+def test_multinomial():
+    probs = torch.tensor([[0.1, 0.0, 0.5, 0.4], [0.0, 1.0, 1.0, 0.0]], device="tpu")
+    draws = torch.multinomial(probs, 2).cpu()
+    assert draws.shape == (2, 2) and draws.dtype == torch.int64
+    assert all(len(set(row.tolist())) == 2 for row in draws)
+    assert set(draws[1].tolist()) == {1, 2} and 1 not in draws[0].tolist()
+    many = torch.multinomial(probs[0], N, replacement=True).cpu()
+    freq = torch.bincount(many, minlength=4).double() / N
+    torch.testing.assert_close(freq, probs[0].cpu().double(), atol=0.02, rtol=0)
