@@ -74,3 +74,10 @@ def _sum(out):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(params=["debug", "strict", "fused"])
+def eager_mode(request):
+    """Run the test in each eager mode; the mode is restored afterwards."""
+    with torch.tpu.set_eager_mode(request.param):
+        yield request.param

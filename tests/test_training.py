@@ -10,6 +10,9 @@ from torch_tpu.training import cnn, mlp, train_losses
 
 STEPS = 20
 
+# Every test runs in debug, strict and fused eager mode (conftest.eager_mode).
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 @pytest.mark.parametrize("model_fn", [mlp, cnn], ids=["mlp", "cnn"])

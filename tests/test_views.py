@@ -3,6 +3,9 @@
 import pytest
 import torch
 
+# Every test runs in debug, strict and fused eager mode (conftest.eager_mode).
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
 
 def _both(fn):
     """Run fn on a fresh CPU base and a fresh tpu base; return both bases and results."""

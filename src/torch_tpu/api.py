@@ -16,7 +16,8 @@ import jax
 import torch
 
 from . import platform, rng
-from .engine import fallback
+from .engine import fallback, fuse, modes
+from .engine.modes import EagerMode, set_eager_mode  # noqa: F401  (public names)
 
 _current_device = 0
 _peak_bytes = 0
@@ -91,7 +92,9 @@ class device:
 
 
 def synchronize(device=None) -> None:
-    """Wait until every value dispatched to the device has been computed."""
+    """Run what fused mode has recorded, then wait until every value dispatched to
+    the device has been computed."""
+    fuse.flush("synchronize()")
     for array in jax.live_arrays(platform.platform()):
         array.block_until_ready()
 
@@ -300,6 +303,23 @@ class _TpuModule(types.ModuleType):
     @enable_cpu_fallback.setter
     def enable_cpu_fallback(self, value: bool) -> None:
         fallback.enabled = bool(value)
+
+    @property
+    def eager_mode(self) -> EagerMode:
+        return modes.current
+
+    @eager_mode.setter
+    def eager_mode(self, mode: EagerMode) -> None:
+        modes.set_mode(mode)
+
+    @property
+    def check_nans(self) -> bool:
+        """Debug mode raises at the first op whose output holds NaN or Inf."""
+        return modes.check_nans
+
+    @check_nans.setter
+    def check_nans(self, value: bool) -> None:
+        modes.check_nans = bool(value)
 
 
 sys.modules[__name__].__class__ = _TpuModule

@@ -32,8 +32,9 @@ def cnn(classes: int = 10) -> nn.Module:
     )
 
 
-def _batch(model_fn: Callable, step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 + step)
+def _batch(model_fn: Callable, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fixed batch: training on it must lower the loss (memorisation)."""
+    g = torch.Generator().manual_seed(1000)
     if model_fn is cnn:
         x = torch.randn(batch, 3, 16, 16, generator=g)
     else:
@@ -59,8 +60,8 @@ def train_losses(
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
     losses = []
-    for step in range(steps):
-        x, y = _batch(model_fn, step, batch)
+    for _ in range(steps):
+        x, y = _batch(model_fn, batch)
         x, y = x.to(device), y.to(device)
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)

@@ -1,0 +1,345 @@
+"""Indexing family on tpu agrees with the CPU: advanced indexing, gather/scatter,
+masks, unique, searching and binning, forward and backward, without CPU fallback."""
+
+import pytest
+import torch
+from conftest import assert_same, assert_same_grad
+
+import torch_tpu
+from torch_tpu.ops.registry import LOWERINGS
+
+_OURS = {
+    name.split(".")[0]
+    for name, lowering in LOWERINGS.items()
+    if lowering.fn.__module__ == "torch_tpu.ops.indexing"
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback_of_ours():
+    torch_tpu.metrics.reset()
+    yield
+    fell = torch_tpu.metrics.snapshot()["fallback_ops"]
+    ours = [op for op in fell if op.removeprefix("aten::").split(".")[0].rstrip("_") in _OURS]
+    assert not ours, f"indexing ops fell back to the CPU: {ours}"
+
+
+def _x(dtype=torch.float32, shape=(4, 5)):
+    x = torch.randn(shape) * 4
+    return x.round().to(dtype) if dtype in (torch.int64, torch.bool) else x.to(dtype)
+
+
+DTYPES = [torch.float32, torch.int64, torch.bool, torch.bfloat16]
+IDX = torch.tensor([0, 2, -1, 2])
+
+
+def _strided(x):
+    """The same values, non-contiguous: as a strided slice of a wider tensor."""
+    wide = torch.zeros(x.shape[0], 2 * x.shape[1], dtype=x.dtype)
+    wide[:, ::2] = x
+    return wide[:, ::2]
+
+
+def _transposed(x):
+    return x.t().contiguous().t()
+
+
+# --------------------------------------------------------------------- index
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "key",
+    [
+        lambda i, m: (i,),
+        lambda i, m: (slice(None), i[:3].abs()),
+        lambda i, m: (None, i, slice(1, 3)),
+        lambda i, m: (i[:, None], i[None, :3].abs()),
+        lambda i, m: (i[:2], Ellipsis, i[:2].abs()),
+        lambda i, m: (m,),
+        lambda i, m: (m[:, 0],),
+        lambda i, m: (m[:, 0], 1),
+        lambda i, m: (slice(None), m[0]),
+    ],
+)
+def test_index(dtype, key):
+    assert_same(lambda t, i, m: t[key(i, m)], _x(dtype), IDX, _x() > 0)
+
+
+@pytest.mark.parametrize("layout", [_strided, _transposed])
+def test_noncontiguous(layout):
+    x, mask = layout(_x()), _x() > 0
+    index = torch.tensor([2, 0, 3])
+    assert_same(lambda t, i, m: (t[i], t[:, i], t[m], t[m[:, 0], 1]), x, IDX, mask)
+    assert_same(lambda t, m: _setitem(t, m, 0), x, mask)
+    gather_scatter = lambda t, i: (t.gather(1, i), t.scatter(1, i, 1.0), t.scatter_add(1, i, t))  # noqa: E731
+    assert_same(gather_scatter, x, GIDX)
+    assert_same(lambda t, i: (t.index_select(-1, i), t.index_fill(0, i, 1), t.take(i)), x, index)
+    assert_same(lambda t, i: (t.index_add(0, i, t[:3]), t.index_copy(0, i, t[1:])), x, index)
+    assert_same(lambda t, m: (t.masked_fill(m, 1), t.masked_scatter(m, t)), x, mask)
+    assert_same(lambda t, m: t.masked_select(m), x, mask)
+    assert_same(lambda t: (t.nonzero(), torch.unique(t, dim=0), torch.unique_consecutive(t)), x)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [lambda i, m: (i,), lambda i, m: (slice(None), i.abs()), lambda i, m: (m,)],
+)
+def test_index_grad(key):
+    mask = _x() > 0
+    assert_same_grad(lambda t, i, m: t[key(i, m)], _x(), IDX, mask)
+
+
+# ----------------------------------------------------------------- index_put
+
+
+def _setitem(x, key, value):
+    x = x.clone()
+    x[key] = value
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "case",
+    [
+        lambda x, i, m: ((i,), 1),
+        lambda x, i, m: ((slice(None), i[:3].abs()), x[:, :3]),
+        lambda x, i, m: ((m,), 0),
+        lambda x, i, m: ((m,), x[m.cpu()].flip(0) if x.device.type == "cpu" else None),
+        lambda x, i, m: ((m[:, 0],), x[: int(m[:, 0].sum())]),
+        lambda x, i, m: ((slice(None), m[0]), x[:, : int(m[0].sum())]),
+        lambda x, i, m: ((m[:, 0], i[:1].abs()), x[0, 0]),
+    ],
+)
+def test_setitem(dtype, case):
+    x = _x(dtype)
+    mask = _x() > 0
+
+    def fn(t, i, m):
+        key, value = case(t, i, m)
+        if value is None:  # the value depends on the mask: build it on CPU, move it over
+            _, value = case(t.cpu(), i.cpu(), m.cpu())
+            value = value.to(t.device)
+        return _setitem(t, key, value)
+
+    assert_same(fn, x, IDX, mask)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put(accumulate):
+    rows = torch.tensor([0, 3, -1, 0])
+    values = torch.randn(4, 5)
+    fn = lambda x, r, v: x.index_put((r,), v, accumulate=accumulate)  # noqa: E731
+    assert_same(fn, _x(), rows if accumulate else rows[:3], values if accumulate else values[:3])
+    mask = _x() > 0
+    two = torch.tensor(2.0)
+    assert_same(lambda x, m, v: x.index_put((m,), v, True), _x(), mask, two)
+    assert_same_grad(lambda x, v: x.index_put((rows[:3].to(x.device),), v), _x(), values[:3])
+
+
+def test_index_put_mask_with_index():
+    """A mask's positions pair with, or broadcast against, other index arrays."""
+    rows = torch.tensor([True, False, True, False])
+    one_row = torch.tensor([False, False, True, False])
+    cols = torch.tensor([1, 4])
+
+    values = torch.tensor([5.0, 6.0])
+    put = torch.ops.aten.index_put
+    for acc in (False, True):
+        assert_same(lambda x, r, c, v, a: put(x, [r, c], v, a), _x(), rows, cols, values, acc)
+        assert_same(lambda x, r, c, v, a: put(x, [r, c], v, a), _x(), one_row, cols, values, acc)
+    both = torch.tensor([True, True])
+    assert_same(lambda x, m, c: put(x.view(2, 2, 5), [m, None, c], x[:2, :2]), _x(), both, cols)
+
+
+def test_index_put_impl():
+    def fn(x, i, v):
+        x = x.clone()
+        return torch.ops.aten._index_put_impl_(x, [i], v, True, True)
+
+    assert_same(fn, _x(), IDX, torch.randn(4, 5))
+
+
+# ----------------------------------------------------------- gather / scatter
+
+GIDX = torch.tensor([[0, 1], [1, 2], [3, 3], [4, 0]])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1, -1])
+def test_gather_scatter(dtype, dim):
+    x = _x(dtype)
+    src = _x(dtype, (4, 3))
+    assert_same(lambda t, i: t.gather(dim, i), x, GIDX)
+    assert_same(lambda t, i, s: t.scatter(dim, i, s), x, GIDX, src)
+    assert_same(lambda t, i: t.scatter(dim, i, 1), x, GIDX)
+    assert_same(lambda t, i: t.gather(0, i), x, GIDX.t()[:, :3] % 4)
+
+
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16])
+def test_scatter_add_and_legacy_reduce(dtype):
+    x, src = _x(dtype), _x(dtype, (4, 3))
+    assert_same(lambda t, i, s: t.scatter_add(1, i, s), x, GIDX, src)
+    assert_same(lambda t, i, s: t.scatter(1, i, s, reduce="add"), x, GIDX, src)
+    assert_same(lambda t, i, s: t.scatter(1, i, s, reduce="multiply"), x, GIDX, src)
+    assert_same(lambda t, i: t.scatter(1, i, 2, reduce="multiply"), x, GIDX)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(dtype, reduce, include_self):
+    x, src = _x(dtype), _x(dtype, (4, 3))
+    fn = lambda t, i, s: t.scatter_reduce(1, i, s, reduce, include_self=include_self)  # noqa: E731
+    assert_same(fn, x, GIDX, src)
+
+
+def test_gather_scatter_grad():
+    src = torch.randn(4, 2)
+    assert_same_grad(lambda t: t.gather(1, GIDX.to(t.device)), _x())
+    assert_same_grad(lambda t, s: t.scatter(1, GIDX.to(t.device), s), _x(), src)
+    assert_same_grad(lambda t, s: t.scatter_add(1, GIDX.to(t.device), s), _x(), src)
+    fn = lambda t, s: t.scatter_reduce(1, GIDX.to(t.device), s, "amax")  # noqa: E731
+    assert_same_grad(fn, _x(), src)
+
+
+def test_scalar_gather_scatter():
+    x, i = torch.tensor(3.0), torch.tensor(0)
+    assert_same(lambda t, j: t.gather(0, j), x, i)
+    assert_same(lambda t, j: t.scatter(0, j, 5.0), x, i)
+
+
+# ------------------------------------------------------------- index_* ops
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [0, -1])
+def test_index_ops(dtype, dim):
+    x = _x(dtype)
+    index = torch.tensor([2, 0, 3])
+    source = _x(dtype, (3, 5) if dim == 0 else (4, 3))
+    assert_same(lambda t, i: t.index_select(dim, i), x, index)
+    assert_same(lambda t, i, s: t.index_copy(dim, i, s), x, index, source)
+    assert_same(lambda t, i: t.index_fill(dim, i, 1), x, index)
+    if dtype != torch.bool:
+        assert_same(lambda t, i, s: t.index_add(dim, i, s, alpha=2), x, index, source)
+    value = torch.tensor(1, dtype=dtype)
+    assert_same(lambda t, i, v: t.index_fill(dim, -i - 1, v), x, index, value)
+
+
+def test_index_ops_grad():
+    index = torch.tensor([2, 0, 2])
+    assert_same_grad(lambda t: t.index_select(1, index.to(t.device)), _x())
+    assert_same_grad(lambda t, s: t.index_add(0, index.to(t.device), s), _x(), torch.randn(3, 5))
+    copy_index = torch.tensor([2, 0, 3])
+    fn = lambda t, s: t.index_copy(0, copy_index.to(t.device), s)  # noqa: E731
+    assert_same_grad(fn, _x(), torch.randn(3, 5))
+    assert_same_grad(lambda t: t.index_fill(1, index.to(t.device), 2.0), _x())
+
+
+# -------------------------------------------------------------------- masks
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masks(dtype):
+    x = _x(dtype)
+    mask = _x() > 0
+    assert_same(lambda t, m: t.masked_fill(m, 1), x, mask)
+    assert_same(lambda t, m: t.masked_fill(m[0], torch.tensor(0, device=t.device)), x, mask)
+    assert_same(lambda t, m: t.masked_scatter(m, t.flip(0)), x, mask)
+    assert_same(lambda t, m: t.masked_select(m), x, mask)
+    assert_same(lambda t, m: t.masked_select(m[1]), x, mask)
+    assert_same(lambda t: t.nonzero(), x)
+    assert_same(lambda t: torch.where(t), x)
+    assert_same(lambda t: torch.nonzero_static(t, size=30), x)
+
+
+def test_masks_grad():
+    mask = _x() > 0
+    assert_same_grad(lambda t, m: t.masked_fill(m, 2.0), _x(), mask)
+    assert_same_grad(lambda t, s, m: t.masked_scatter(m, s), _x(), torch.randn(30), mask)
+    assert_same_grad(lambda t, m: t.masked_select(m), _x(), mask)
+
+
+def test_nonzero_scalar_and_empty():
+    assert_same(lambda t: t.nonzero(), torch.tensor(2.0))
+    assert_same(lambda t: t.nonzero(), torch.zeros(3, 0))
+
+
+# ---------------------------------------------------------------- take/put
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_take_put(dtype):
+    x = _x(dtype)
+    index = torch.tensor([[0, -1], [7, 3]])
+    source = _x(dtype, (2, 2))
+    assert_same(lambda t, i: t.take(i), x, index)
+    assert_same(lambda t, i, s: t.clone().put_(i, s), x, index, source)
+    if dtype != torch.bool:
+        assert_same(lambda t, i, s: t.put(i, s, accumulate=True), x, index, source)
+    assert_same_grad(lambda t: t.take(index.to(t.device)), _x())
+
+
+# ------------------------------------------------------------------ unique
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unique(dtype):
+    x = _x(dtype)
+    assert_same(lambda t: torch.unique(t, return_inverse=True, return_counts=True), x)
+    assert_same(lambda t: torch.unique(t, dim=-1, return_inverse=True), x)
+    assert_same(lambda t: torch.unique_consecutive(t, return_counts=True, dim=0), x)
+    if dtype == torch.int64:
+        assert_same(lambda t: torch.unique(t), x)
+        fn = lambda t: torch.unique_consecutive(t, return_inverse=True, return_counts=True)  # noqa: E731
+        assert_same(fn, x)
+    assert_same(lambda t: torch.ops.aten._unique(t, True, True), x)
+
+
+# --------------------------------------------------------------- searching
+
+
+@pytest.mark.filterwarnings("ignore:torch.searchsorted")
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_bucketize(right):
+    seq = torch.tensor([-2.0, 0.0, 0.0, 1.5, 3.0])
+    x = _x()
+    assert_same(lambda s, t: torch.searchsorted(s, t, right=right), seq, x)
+    assert_same(lambda s, t: torch.searchsorted(s, t, out_int32=True, right=right), seq, x)
+    assert_same(lambda s: torch.searchsorted(s, 0.0, right=right), seq)
+    assert_same(lambda t, s: torch.bucketize(t, s, right=right), x, seq)
+    assert_same(lambda s: torch.bucketize(0.0, s, right=right), seq)
+    sorted_rows = x.sort(-1).values
+    assert_same(lambda s, t: torch.searchsorted(s, t, right=right), sorted_rows, x[:, :2])
+    shuffled = torch.tensor([3.0, 0.0, -2.0, 1.5])
+    sorter = shuffled.argsort()
+    side = "right" if right else "left"
+    assert_same(lambda s, t, o: torch.searchsorted(s, t, side=side, sorter=o), shuffled, x, sorter)
+    assert_same(lambda s, t: torch.bucketize(t, s), torch.tensor([-1, 0, 2]), x)
+
+
+def test_bincount_histc():
+    values = torch.tensor([0, 3, 3, 1, 7])
+    assert_same(lambda v: torch.bincount(v), values)
+    assert_same(lambda v: torch.bincount(v, minlength=10), values)
+    assert_same(lambda v, w: torch.bincount(v, w), values, torch.randn(5))
+    assert_same(lambda v, w: torch.bincount(v, w), values, torch.arange(5))
+    assert_same(lambda v: torch.bincount(v), torch.zeros(0, dtype=torch.int64))
+    x = _x()
+    assert_same(lambda t: torch.histc(t), x)
+    assert_same(lambda t: torch.histc(t, 7, -1, 2), x)
+    assert_same(lambda t: torch.histc(t, 4), torch.ones(5))
+    assert_same(lambda t: torch.histc(t, 6), x.to(torch.float64).t())
+
+
+# ----------------------------------------------- selection backward (scatter)
+
+
+def test_value_selecting_backward():
+    x = _x()
+    assert_same_grad(lambda t: t.sort(1).values, x)
+    assert_same_grad(lambda t: t.topk(2, -1).values, x)
+    assert_same_grad(lambda t: t.max(0).values, x)

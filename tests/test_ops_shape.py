@@ -1,0 +1,181 @@
+"""Shape family on tpu agrees with the CPU: joins, flips, pads, triangles, copies,
+and the backward/scatter ops of views, forward and backward, without CPU fallback."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_same, assert_same_grad
+
+import torch_tpu
+from torch_tpu.ops.registry import LOWERINGS
+
+_OURS = {
+    name.split(".")[0]
+    for name, lowering in LOWERINGS.items()
+    if lowering.fn.__module__ == "torch_tpu.ops.shape"
+} | {"clone", "_to_copy", "copy", "split", "unbind", "expand_copy", "permute_copy"}
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback_of_ours():
+    torch_tpu.metrics.reset()
+    yield
+    fell = torch_tpu.metrics.snapshot()["fallback_ops"]
+    ours = [op for op in fell if op.removeprefix("aten::").split(".")[0].rstrip("_") in _OURS]
+    assert not ours, f"shape ops fell back to the CPU: {ours}"
+
+
+DTYPES = [torch.float32, torch.int64, torch.bool, torch.bfloat16]
+
+
+def _x(dtype=torch.float32, shape=(3, 4, 5)):
+    x = torch.randn(shape) * 3
+    return x.round().to(dtype) if dtype in (torch.int64, torch.bool) else x.to(dtype)
+
+
+def _strided(x):
+    """Non-contiguous: every other element of the last dim of a wider tensor."""
+    wide = torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype)
+    wide[..., ::2] = x
+    return wide[..., ::2]
+
+
+def _permuted(x):
+    return x.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+
+
+LAYOUTS = [lambda x: x, _strided, _permuted]
+
+
+# ------------------------------------------------------------------ forward
+
+
+CASES = {
+    "cat": lambda t: torch.cat([t, t[:, :2]], 1),
+    "cat_neg": lambda t: torch.cat([t, t], -1),
+    "cat_legacy_empty": lambda t: torch.cat([t, t.new_zeros(0)]),
+    "stack": lambda t: torch.stack([t, t], -2),
+    "split": lambda t: t.split([1, 3], 1),
+    "chunk": lambda t: t.chunk(2, -1),
+    "unbind": lambda t: t.unbind(2),
+    "flip": lambda t: t.flip(0, -1),
+    "roll": lambda t: t.roll((1, -2), (0, -1)),
+    "roll_flat": lambda t: t.roll(7),
+    "repeat": lambda t: t.repeat(2, 1, 1, 2),
+    "tile": lambda t: t.tile(2, 1),
+    "tril": lambda t: t.tril(1),
+    "triu": lambda t: t.triu(-1),
+    "clone": lambda t: t.clone(),
+    "contiguous": lambda t: t.transpose(0, 2).contiguous(),
+    "channels_last": lambda t: t[None].contiguous(memory_format=torch.channels_last),
+    "diag_embed": lambda t: torch.diag_embed(t, 1, 0, 2),
+    "narrow_copy": lambda t: t.narrow_copy(-1, -3, 2),
+    "expand_copy": lambda t: torch.ops.aten.expand_copy(t[:, :1], (2, 3, 4, 5)),
+    "permute_copy": lambda t: torch.ops.aten.permute_copy(t, (2, 0, 1)),
+    "alias_copy": lambda t: torch.ops.aten.alias_copy(t),
+    "rot90": lambda t: t.rot90(1, (0, 2)),
+    "where_one_arg": lambda t: torch.where(t),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(CASES))
+def test_shape_ops(case, dtype):
+    assert_same(CASES[case], _x(dtype))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[1:])
+def test_noncontiguous(layout):
+    x = layout(_x())
+    assert_same(lambda t: (torch.cat([t, t], -1), torch.stack([t, t]), t.flip(1)), x)
+    assert_same(lambda t: (t.roll(1, 2), t.repeat(1, 2, 1), t.tril(), t.triu(2)), x)
+    assert_same(lambda t: (F.pad(t, (1, 2)), F.pad(t, (2, 1), mode="reflect")), x)
+    assert_same(lambda t: (t.clone(), t.contiguous(), t.to(torch.bfloat16)), x)
+    assert_same(lambda t: (torch.diag_embed(t), t.narrow_copy(2, 1, 3)), x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_constant_pad(dtype):
+    x = _x(dtype)
+    assert_same(lambda t: F.pad(t, (1, 2), value=1), x)
+    assert_same(lambda t: F.pad(t, (1, 2, -1, 1, 0, 1)), x)
+    assert_same(lambda t: torch.ops.aten.constant_pad_nd(t, (0, -2)), x)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("pad", [(2, 1), (2, 1, 1, 3), (1, 1, 2, 0, 1, 1)])
+def test_mode_pad(mode, pad):
+    x = _x(shape=(2, 3, 4, 5))
+    if len(pad) == 2:
+        x = x[0]
+    assert_same(lambda t: F.pad(t, pad, mode=mode), x)
+    assert_same_grad(lambda t: F.pad(t, pad, mode=mode) * 1.5, x)
+
+
+def test_mode_pad_bfloat16():
+    x = _x(torch.bfloat16, (2, 4, 5))
+    assert_same(lambda t: F.pad(t, (2, 1), mode="reflect"), x)
+    assert_same(lambda t: F.pad(t, (1, 2, 3, 1), mode="replicate"), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+@pytest.mark.parametrize("to", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_to_copy(dtype, to):
+    assert_same(lambda t: t.to(to), _x(dtype))
+
+
+def test_fill_views():
+    def fn(t):
+        t = t.clone()
+        t[:, 1].fill_(7)
+        t.transpose(0, 2)[1:].zero_()
+        t[..., ::2].fill_(torch.tensor(-1.0, device=t.device))
+        return t
+
+    assert_same(fn, _x())
+
+
+# ---------------------------------------------------- view backwards, scatters
+
+
+def test_view_scatters():
+    x = _x()
+    assert_same(lambda t: torch.slice_scatter(t, t[:, ::2] * 2, 1, 0, None, 2), x)
+    assert_same(lambda t: torch.slice_scatter(t, t[..., 1:-1] * 2, -1, -4, -1), x)
+    assert_same(lambda t: torch.select_scatter(t, t[:, 0] * 2, 1, -1), x)
+    assert_same(lambda t: torch.diagonal_scatter(t, t.diagonal(1, 1, 2) * 2, 1, 1, 2), x)
+    assert_same(lambda t: torch.diagonal_scatter(t, t.diagonal(-1, 2, 0) * 2, -1, 2, 0), x)
+
+
+GRAD_CASES = {
+    "cat": lambda t: torch.cat([t, t * 2], -1),
+    "stack": lambda t: torch.stack([t, t], 1),
+    "split": lambda t: t.split([1, 3], 1)[1],
+    "unbind": lambda t: t.unbind(-1)[2],
+    "flip": lambda t: t.flip(0, -1),
+    "roll": lambda t: t.roll((1, -2), (0, 2)),
+    "repeat": lambda t: t.repeat(2, 1, 1, 2),
+    "constant_pad": lambda t: F.pad(t, (1, 2, -1, 1), value=3.0),
+    "tril": lambda t: t.tril(1),
+    "triu": lambda t: t.triu(-1),
+    "clone": lambda t: t.transpose(0, 2).contiguous(),
+    "to_bfloat16": lambda t: t.to(torch.bfloat16),
+    "diag_embed": lambda t: torch.diag_embed(t, -1),
+    "diagonal": lambda t: t.diagonal(1, 0, 2),
+    "diagonal_neg": lambda t: t.diagonal(-1, -1, 1),
+    "select": lambda t: t.select(1, -1),
+    "slice": lambda t: t[:, 1:4:2],
+    "narrow": lambda t: t.narrow(2, -3, 2),
+    "unfold": lambda t: t.unfold(2, 2, 1),
+    "unfold_step": lambda t: t.unfold(1, 2, 2),
+}
+
+
+def _weighted(out):
+    """Distinct weights per output element, so a misplaced gradient shows."""
+    return out * torch.arange(out.numel()).reshape(out.shape).to(out.device)
+
+
+@pytest.mark.parametrize("case", list(GRAD_CASES))
+def test_grad(case):
+    assert_same_grad(lambda t: _weighted(GRAD_CASES[case](t)), _x())
