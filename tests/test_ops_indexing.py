@@ -30,6 +30,7 @@ def _x(dtype=torch.float32, shape=(4, 5)):
 
 
 DTYPES = [torch.float32, torch.int64, torch.bool, torch.bfloat16]
+INDEXED_DTYPES = [torch.float32, torch.bool, torch.bfloat16]  # int64 moves like float32
 IDX = torch.tensor([0, 2, -1, 2])
 
 
@@ -47,7 +48,7 @@ def _transposed(x):
 # --------------------------------------------------------------------- index
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", INDEXED_DTYPES)
 @pytest.mark.parametrize(
     "key",
     [
@@ -99,7 +100,7 @@ def _setitem(x, key, value):
     return x
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", INDEXED_DTYPES)
 @pytest.mark.parametrize(
     "case",
     [
@@ -205,10 +206,22 @@ def test_gather_scatter_grad():
     assert_same_grad(fn, _x(), src)
 
 
-def test_scalar_gather_scatter():
+def test_scalar_and_empty_gather_scatter():
     x, i = torch.tensor(3.0), torch.tensor(0)
     assert_same(lambda t, j: t.gather(0, j), x, i)
     assert_same(lambda t, j: t.scatter(0, j, 5.0), x, i)
+    empty = torch.zeros(2, 0, dtype=torch.int64)
+    assert_same(lambda t, j: (t.gather(0, j), t.scatter_add(0, j, t[None])), _x()[0], empty)
+
+
+@pytest.mark.filterwarnings("ignore:index_reduce")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+def test_index_reduce(dtype, reduce):
+    index = torch.tensor([0, 2, 0])
+    fn = lambda t, i, s, inc: t.index_reduce(-1, i, s, reduce, include_self=inc)  # noqa: E731
+    for include_self in (True, False):
+        assert_same(fn, _x(dtype), index, _x(dtype, (4, 3)), include_self)
 
 
 # ------------------------------------------------------------- index_* ops

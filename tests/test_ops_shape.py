@@ -112,6 +112,15 @@ def test_mode_pad(mode, pad):
     assert_same_grad(lambda t: F.pad(t, pad, mode=mode) * 1.5, x)
 
 
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+def test_mode_pad_negative(mode):
+    x = _x(shape=(2, 4, 5))
+    pads = [(-1, 2), (2, -1, -1, 1)] + ([(-5, 6, 0, 0)] if mode == "replicate" else [])
+    for pad in pads:
+        assert_same(lambda t, p=pad: F.pad(t, p, mode=mode), x)
+        assert_same_grad(lambda t, p=pad: F.pad(t, p, mode=mode) * 1.5, x)
+
+
 def test_mode_pad_bfloat16():
     x = _x(torch.bfloat16, (2, 4, 5))
     assert_same(lambda t: F.pad(t, (2, 1), mode="reflect"), x)
@@ -168,6 +177,7 @@ GRAD_CASES = {
     "narrow": lambda t: t.narrow(2, -3, 2),
     "unfold": lambda t: t.unfold(2, 2, 1),
     "unfold_step": lambda t: t.unfold(1, 2, 2),
+    "unfold_scalar": lambda t: t[0, 0, 0].unfold(0, 1, 1),
 }
 
 

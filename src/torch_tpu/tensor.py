@@ -34,10 +34,9 @@ _next_address = 1 << 44
 _BY_ADDRESS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def _attach_storage(t: torch.Tensor, shape, strides, dtype: torch.dtype, value) -> None:
-    """Back t with a new storage of the given geometry whose flat array is value."""
+def _attach_storage(t: torch.Tensor, shape, strides, dtype: torch.dtype, value, numel) -> None:
+    """Back t with a new storage of numel elements and the given geometry."""
     global _next_address
-    numel = storage_span(shape, strides, 0)
     nbytes = numel * dtype.itemsize
     storage = _storage_at(_next_address, DEVICE, nbytes)
     _next_address += (nbytes + 4095) // 4096 * 4096 + 4096
@@ -92,11 +91,13 @@ def new_tensor(
     shape, dtype: torch.dtype, value=None, strides: tuple[int, ...] | None = None
 ) -> torch.Tensor:
     """A fresh tpu tensor with its own storage; value is its flat array (or None: unwritten)."""
-    shape = tuple(shape)
-    if strides is None:
-        strides = contiguous_strides(shape)
     t = _create_empty(shape, dtype)
-    _attach_storage(t, shape, tuple(strides), dtype, value)
+    if strides is None:
+        strides = t.stride()  # create_empty_tensor's are contiguous
+        numel = math.prod(shape)
+    else:
+        numel = storage_span(tuple(shape), tuple(strides), 0)
+    _attach_storage(t, shape, strides, dtype, value, numel)
     return t
 
 
@@ -143,7 +144,7 @@ def replace_storage(t: torch.Tensor, shape, strides=None) -> None:
     shape = tuple(shape)
     if strides is None:
         strides = contiguous_strides(shape)
-    _attach_storage(t, shape, tuple(strides), t.dtype, None)
+    _attach_storage(t, shape, tuple(strides), t.dtype, None, storage_span(shape, strides, 0))
 
 
 def numel(shape) -> int:

@@ -69,3 +69,62 @@ def train_losses(
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    """A GPT-style decoder: embeddings, causal self-attention blocks, LM head."""
+
+    def __init__(self, vocab: int, d: int, heads: int, seq: int, layers: int = 2) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.Sequential(*[_Block(d, heads) for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        return self.head(self.ln(self.blocks(self.tok(idx) + self.pos(positions))))
+
+
+GPT_SIZES = {
+    "gpt": dict(vocab=1024, d=256, heads=4, seq=128, batch=8),
+    "gpt_small": dict(vocab=256, d=64, heads=4, seq=32, batch=4),
+}
+
+
+def gpt_step_fn(size: str, device: str, seed: int = 0):
+    """(model, step function returning the loss tensor) for a GPT training step with
+    AdamW(foreach=False) on a fixed batch."""
+    cfg = GPT_SIZES[size]
+    torch.manual_seed(seed)
+    model = TinyGPT(cfg["vocab"], cfg["d"], cfg["heads"], cfg["seq"]).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=g).to(device)
+    inputs, targets = idx[:, :-1], idx[:, 1:]
+
+    def step() -> torch.Tensor:
+        opt.zero_grad()
+        logits = model(inputs)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, cfg["vocab"]), targets.reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, step

@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
         "--limit", type=int, default=None, help="samples per entry and dtype (default: as CI)"
     )
     report.add_argument("--only", nargs="*", help="OpInfo entry names to run (default: all)")
+    report.add_argument(
+        "--known-failures", metavar="PATH", help="also write every failing cell, with its reason"
+    )
     args = parser.parse_args(argv)
     if args.command == "verify":
         from .verify import run
@@ -29,4 +32,4 @@ def main(argv: list[str] | None = None) -> int:
         return run(args.check)
     from .opinfo_report import run
 
-    return run(args.out, args.limit, args.only)
+    return run(args.out, args.limit, args.only, args.known_failures)

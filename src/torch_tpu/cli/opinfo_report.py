@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -9,12 +10,16 @@ from .. import inventory
 from ..testing import opinfo, report
 
 
-def run(out: str, limit: int | None, only: list[str] | None) -> int:
+def run(out: str, limit: int | None, only: list[str] | None, known: str | None) -> int:
     limit = limit or opinfo.SAMPLES_PER_CELL
     start = time.perf_counter()
     results = report.sweep(only, limit=limit)
     seconds = time.perf_counter() - start
     report.write(results, inventory.native_ops(), seconds, Path(out))
     totals = report.totals(results)
+    if known:
+        failing = report.known_failures(results)
+        Path(known).write_text(json.dumps(failing, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {len(failing)} known failures to {known}")
     print(f"wrote {out}/opinfo_report.md and .json in {seconds:.0f} s: {totals}")
     return 0

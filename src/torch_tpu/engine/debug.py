@@ -26,7 +26,8 @@ def user_line() -> str:
     """The innermost stack frame outside torch, jax and torch_tpu: the user's line."""
     for frame in reversed(traceback.extract_stack()):
         if not frame.filename.startswith(_INTERNAL):
-            return f'{frame.filename}:{frame.lineno} in {frame.name}: "{(frame.line or "").strip()}"'
+            code = (frame.line or "").strip()
+            return f'{frame.filename}:{frame.lineno} in {frame.name}: "{code}"'
     return "<unknown>"
 
 

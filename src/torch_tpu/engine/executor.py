@@ -18,17 +18,18 @@ import jax.numpy as jnp
 import torch
 
 from .. import dtypes, metrics, rng, strided
-from . import debug, fuse, modes
 from ..ops.registry import Lowering
 from ..tensor import new_tensor, replace_storage, storage_of, view_of
+from . import debug, fuse, modes
 from .schema import Kind, OpSchema
 
 DEVICE_TYPE = "tpu"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OpSpec:
-    """How one registered overload maps onto a lowering."""
+    """How one registered overload maps onto a lowering (hashed by identity: it is
+    part of every cache key, and hashing its fields would cost more than the op)."""
 
     schema: OpSchema
     lowering: Lowering

@@ -3,9 +3,10 @@
 Advanced indexing follows numpy's rules, as torch does, so an index list maps
 onto a JAX index tuple once bool masks are turned into integer indices. Ops
 whose result shape depends on values (index with a mask, nonzero, unique,
-bincount) run un-jitted; ops that only write through a mask (index_put,
-masked_scatter) stay jitted by padding the mask's positions to its size and
-dropping the padding.
+bincount) are dynamic-shape lowerings: they read the one number that sets the
+shape (a host sync), then run a cached executable of that shape. Ops that only
+write through a mask (index_put, masked_scatter) stay fully jitted by padding
+the mask's positions to the mask's size and dropping the padding.
 """
 
 from __future__ import annotations
@@ -92,37 +93,46 @@ def _indexed_shape(shape, indices) -> tuple[tuple, int]:
     return tuple(rest[:start]) + bshape + tuple(rest[start:]), start + len(bshape) - 1
 
 
-def _pad_axis(x, axis: int, size: int):
+def _pad_axis(x, axis: int, size: int, fill=0):
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, widths)
+    return jnp.pad(x, widths, constant_values=fill)
 
 
-def _mask_indices(mask, padded: int, first_dim: int, shape) -> list:
-    """A mask's True positions, padded to `padded` entries with an
-    out-of-range index that the scatter drops."""
-    keep = jnp.arange(padded) < jnp.sum(mask != 0)
-    positions = jnp.nonzero(mask, size=padded)
-    return [jnp.where(keep, pos, shape[first_dim + d]) for d, pos in enumerate(positions)]
+def _mask_indices(mask, padded: int, first_dim: int, shape, spread: bool) -> list:
+    """A mask's True positions, padded to `padded` entries with an out-of-range
+    index that the scatter drops. With `spread`, a single True position
+    broadcasts against the other index arrays, as PyTorch broadcasts it."""
+    count = jnp.sum(mask != 0)
+    keep = jnp.arange(padded) < count
+    out = []
+    for d, pos in enumerate(jnp.nonzero(mask, size=padded)):
+        pos = jnp.where(keep, pos, shape[first_dim + d])
+        out.append(jnp.where(count == 1, pos[0], pos) if spread else pos)
+    return out
 
 
 def _put_indices(shape, indices, values):
     """Per-dim integer indices for a scatter, and values to match them.
 
     Masks become padded positions (see _mask_indices); index arrays and
-    values that run along the masked positions are padded to match.
+    values that run along the masked positions are padded to match, index
+    arrays with out-of-range indices.
     """
     padded = max((ix.size for ix in indices if _is_mask(ix)), default=0)
+    spread = any(
+        ix is not None and not _is_mask(ix) and ix.ndim and ix.shape[-1] > 1 for ix in indices
+    )
     out = []
     for ix in indices:
         if _is_mask(ix):
-            out.extend(_mask_indices(ix, padded, len(out), shape))
+            out.extend(_mask_indices(ix, padded, len(out), shape, spread))
         elif ix is None:
             out.append(None)
         else:
             ix = _wrap_negative(ix, shape[len(out)])
             if padded and ix.ndim and ix.shape[-1] != 1:
-                ix = _pad_axis(ix, ix.ndim - 1, padded)
+                ix = _pad_axis(ix, ix.ndim - 1, padded, shape[len(out)])
             out.append(ix)
     if padded:
         result, axis = _indexed_shape(shape, out)
@@ -139,8 +149,10 @@ def _index_put(self, indices, values, accumulate):
     extra = values.ndim - len(target)
     if extra > 0:  # leading size-1 dims, as `x[i] = v` allows
         values = values.reshape(values.shape[extra:])
-    ref = self.at[_index_tuple(indices)]
-    return ref.add(values, mode="drop") if accumulate else ref.set(values, mode="drop")
+    where = _index_tuple(indices)
+    if accumulate:
+        return _reduce_at(self, where, values, "sum")
+    return self.at[where].set(values, mode="drop")
 
 
 @lower("index_put.default")
@@ -165,9 +177,12 @@ def _dim_indices(index, dim: int) -> tuple:
 
 
 def _scalar_safe(fn):
-    """scatters on 0-d tensors act as on one-element vectors."""
+    """Scatters on 0-d tensors act as on one-element vectors; an empty index
+    (of any rank, as PyTorch allows) changes nothing."""
 
     def wrapped(self, dim, index, *rest):
+        if index.size == 0:
+            return self
         if self.ndim and index.ndim:
             return fn(self, dim % self.ndim, index, *rest)
         rest = [jnp.atleast_1d(r) if getattr(r, "ndim", 1) == 0 else r for r in rest]
@@ -179,7 +194,7 @@ def _scalar_safe(fn):
 
 @lower("gather.default")
 def gather(self, dim, index, sparse_grad=False):
-    if self.ndim == 0 or index.ndim == 0:
+    if self.ndim == 0 or index.ndim == 0 or index.size == 0:
         return jnp.atleast_1d(self)[jnp.atleast_1d(index)].reshape(index.shape)
     return self[_dim_indices(index, dim % self.ndim)]
 
@@ -198,25 +213,9 @@ def scatter(self, dim, index, src):
     return self.at[_dim_indices(index, dim)].set(_src(src, index, self.dtype))
 
 
-@lower("scatter.reduce", "scatter.value_reduce")
-@_scalar_safe
-def scatter_reduce_legacy(self, dim, index, src, reduce):
-    ref = self.at[_dim_indices(index, dim)]
-    src = _src(src, index, self.dtype)
-    return ref.add(src) if reduce == "add" else ref.multiply(src)
-
-
-@lower("scatter_add.default")
-@_scalar_safe
-def scatter_add(self, dim, index, src):
-    return self.at[_dim_indices(index, dim)].add(_src(src, index, self.dtype))
-
-
 def _extreme(dtype, largest: bool):
     if jnp.issubdtype(dtype, jnp.inexact):
         return jnp.inf if largest else -jnp.inf
-    if dtype == jnp.bool_:
-        return largest
     info = jnp.iinfo(dtype)
     return info.max if largest else info.min
 
@@ -224,31 +223,45 @@ def _extreme(dtype, largest: bool):
 _IDENTITY = {"sum": 0, "mean": 0, "prod": 1}
 
 
+def _reduce_at(base, where, src, reduce: str, include_self: bool = True):
+    """base with src combined into base[where] by reduce (sum, prod, mean, amax,
+    amin), repeated positions combining too. Bools combine as integers, so a
+    sum is an or and a product an and, as in PyTorch."""
+    if base.dtype == jnp.bool_:
+        as_int = _reduce_at(base.astype(jnp.int32), where, src, reduce, include_self)
+        return as_int != 0
+    src = jnp.asarray(src).astype(base.dtype)
+    if not include_self:
+        identity = _IDENTITY.get(reduce, _extreme(base.dtype, reduce == "amin"))
+        base = base.at[where].set(jnp.asarray(identity).astype(base.dtype), mode="drop")
+    ref = base.at[where]
+    combine = {"sum": ref.add, "mean": ref.add, "prod": ref.multiply, "amax": ref.max}
+    out = combine.get(reduce, ref.min)(src, mode="drop")
+    if reduce != "mean":
+        return out
+    count = jnp.zeros(base.shape, jnp.int64).at[where].add(1, mode="drop") + int(include_self)
+    count = jnp.maximum(count, 1).astype(base.dtype)
+    return out / count if jnp.issubdtype(base.dtype, jnp.inexact) else out // count
+
+
+@lower("scatter.reduce", "scatter.value_reduce")
+@_scalar_safe
+def scatter_reduce_legacy(self, dim, index, src, reduce):
+    reduce = "sum" if reduce == "add" else "prod"
+    return _reduce_at(self, _dim_indices(index, dim), _src(src, index, self.dtype), reduce)
+
+
+@lower("scatter_add.default")
+@_scalar_safe
+def scatter_add(self, dim, index, src):
+    return _reduce_at(self, _dim_indices(index, dim), _src(src, index, self.dtype), "sum")
+
+
 @lower("scatter_reduce.two")
 @_scalar_safe
 def scatter_reduce(self, dim, index, src, reduce, include_self=True):
-    where = _dim_indices(index, dim)
     src = _src(src, index, self.dtype)
-    base = self
-    if not include_self:
-        identity = _IDENTITY.get(reduce, _extreme(self.dtype, reduce == "amin"))
-        base = self.at[where].set(jnp.asarray(identity).astype(self.dtype))
-    ref = base.at[where]
-    if reduce in ("sum", "mean"):
-        out = ref.add(src)
-    elif reduce == "prod":
-        out = ref.multiply(src)
-    elif reduce == "amax":
-        out = ref.max(src)
-    else:
-        out = ref.min(src)
-    if reduce != "mean":
-        return out
-    count = jnp.zeros(self.shape, jnp.int64).at[where].add(1) + int(include_self)
-    count = jnp.maximum(count, 1)
-    if jnp.issubdtype(self.dtype, jnp.inexact):
-        return out / count.astype(self.dtype)
-    return jnp.floor_divide(out, count.astype(self.dtype))
+    return _reduce_at(self, _dim_indices(index, dim), src, reduce, include_self)
 
 
 # ------------------------------------------------------------- index_* along dim
@@ -280,7 +293,13 @@ def index_select(self, dim, index):
 @lower("index_add.default")
 @_along
 def index_add(self, index, source, alpha=1):
-    return self.at[index].add((source * alpha).astype(self.dtype), mode="drop")
+    return _reduce_at(self, index, source * alpha, "sum")
+
+
+@lower("index_reduce.default")
+@_along
+def index_reduce(self, index, source, reduce, include_self=True):
+    return _reduce_at(self, index, source, reduce, include_self)
 
 
 @lower("index_copy.default")
@@ -312,7 +331,7 @@ def _mask_positions(mask):
 
 @lower("masked_scatter.default")
 def masked_scatter(self, mask, source):
-    mask = jnp.broadcast_to(mask, self.shape)
+    self, mask = jnp.broadcast_arrays(self, mask)
     picked = source.reshape(-1)[jnp.clip(_mask_positions(mask), 0, max(source.size - 1, 0))]
     return jnp.where(mask, picked.reshape(self.shape).astype(self.dtype), self)
 
@@ -361,9 +380,10 @@ def take(self, index):
 @lower("put.default")
 def put(self, index, source, accumulate=False):
     flat = self.reshape(-1)
-    ref = flat.at[_wrap_negative(index, flat.size).reshape(-1)]
+    where = _wrap_negative(index, flat.size).reshape(-1)
     source = source.reshape(-1).astype(self.dtype)
-    return (ref.add(source) if accumulate else ref.set(source)).reshape(self.shape)
+    out = _reduce_at(flat, where, source, "sum") if accumulate else flat.at[where].set(source)
+    return out.reshape(self.shape)
 
 
 # ---------------------------------------------------------------------- unique

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .registry import lower
@@ -88,8 +89,20 @@ def constant_pad_nd(self, pad, value=0):
     return lax.pad(self, jnp.asarray(value).astype(self.dtype), config)
 
 
+def _source_positions(n: int, lo: int, hi: int, mode: str):
+    """Per output position along one dim, the input position it copies: PyTorch's
+    index formula, so negative widths crop exactly as PyTorch's do."""
+    j = np.arange(n + lo + hi) - lo
+    if mode == "edge":
+        return np.clip(j, 0, n - 1)
+    return (n - 1) - np.abs((n - 1) - np.abs(j))  # reflect about both ends
+
+
 def _pad(self, padding, mode: str):
-    return jnp.pad(self, _pairs(padding, self.ndim), mode=mode)
+    for d, (lo, hi) in enumerate(_pairs(padding, self.ndim)):
+        if lo or hi:
+            self = jnp.take(self, _source_positions(self.shape[d], lo, hi, mode), axis=d)
+    return self
 
 
 def _pad_backward(grad_output, self, padding, mode: str):
@@ -203,6 +216,8 @@ def narrow_copy(self, dim, start, length):
 @lower("unfold_backward.default")
 def unfold_backward(grad_in, input_sizes, dim, size, step):
     """Every window's gradient added back onto the positions it read."""
+    if not input_sizes:  # a 0-d input unfolds into its one element
+        return grad_in.reshape(())
     dim = _dim(dim, len(input_sizes))
     windows = grad_in.shape[dim]
     taken = (jnp.arange(windows)[:, None] * step + jnp.arange(size)[None, :]).reshape(-1)

@@ -83,9 +83,9 @@ def write(results: dict, native_ops: dict, seconds: float, directory: Path) -> N
         f"- float32 gradients: {t['grad_passed']} / {t['grad_tested']} "
         f"({t['grad_pass_rate']:.1%})",
         f"- distinct ATen operators running on XLA without CPU fallback: "
-        f"{native_ops['total']} ({native_ops['lowered']} lowered, "
-        f"{native_ops['decomposed']} by PyTorch decomposition, "
-        f"{native_ops['metadata']} metadata/view kernels)",
+        f"{native_ops['operators']} operators, {native_ops['total']} overloads "
+        f"({native_ops['lowered']} lowered, {native_ops['decomposed']} by PyTorch "
+        f"decomposition, {native_ops['metadata']} metadata/view kernels)",
         f"- cells by status: {t['cells_by_status']}",
         f"- sweep time: {seconds:.0f} s",
         "",
@@ -102,3 +102,17 @@ def write(results: dict, native_ops: dict, seconds: float, directory: Path) -> N
         failure = failure.replace("|", "\\|").replace("\n", " ")[:160]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {failure} |")
     (directory / "opinfo_report.md").write_text("\n".join(lines) + "\n")
+
+
+def known_failures(results: dict) -> dict[str, str]:
+    """Every cell that does not pass, with the observed reason: the data behind
+    tests/opinfo_known_failures.json (regenerated from a sweep, never hand-edited)."""
+    failing = {}
+    for name, row in sorted(results.items()):
+        for cell, outcome in row.items():
+            if outcome["status"] in ("passed", "skipped"):
+                continue
+            fallbacks = sorted(outcome["fallback_ops"])
+            reason = outcome["message"] or f"falls back to the CPU: {fallbacks}"
+            failing[f"{name}|{cell}"] = f"{outcome['status']}: {reason}"
+    return failing
