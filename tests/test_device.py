@@ -223,3 +223,23 @@ def test_rng_state_round_trip_and_seeding():
     assert torch.equal(torch.rand(3, device="tpu").cpu(), a)
     assert not torch.equal(torch.rand(3, device="tpu").cpu(), a)
     assert torch.tpu.initial_seed() == 123
+
+
+def test_cpu_index_tensors_are_accepted_like_cuda():
+    cpu = torch.arange(12.0).reshape(3, 4)
+    tpu = cpu.to("tpu")
+    rows, mask = torch.tensor([2, 0]), torch.tensor([True, False, True])
+    torch.testing.assert_close(tpu[rows].cpu(), cpu[rows])
+    torch.testing.assert_close(tpu[mask].cpu(), cpu[mask])
+    tpu[rows] = 1.0
+    cpu[rows] = 1.0
+    torch.testing.assert_close(tpu.cpu(), cpu)
+
+
+def test_integer_indexing_fuses_without_a_flush():
+    x = torch.arange(12.0, device="tpu").reshape(3, 4)
+    idx = torch.tensor([2, 0], device="tpu")
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        y = x[idx] * 2
+        assert torch_tpu.engine.fuse.pending_ops() == 2
+    torch.testing.assert_close(y.cpu(), torch.arange(12.0).reshape(3, 4)[[2, 0]] * 2)

@@ -61,9 +61,9 @@ class _Inputs:
         self.slots: dict[int, int] = {}
         self.dynamic: list = []
 
-    def tensor(self, t: torch.Tensor):
+    def tensor(self, t: torch.Tensor, host_ok: bool = False):
         if t.is_cpu or t.is_meta:  # (cheaper than building t.device on every call)
-            if t.is_cpu and t.dim() == 0:
+            if t.is_cpu and (host_ok or t.dim() == 0):
                 t = upload(t)
             else:
                 raise RuntimeError(
@@ -98,9 +98,11 @@ def _layout(spec: OpSpec, values: list, inputs: _Inputs) -> tuple:
             else:  # a Python number PyTorch wrapped as a tensor: weakly typed, like a Scalar
                 layout.append(("s", len(inputs.dynamic), type(value)))
                 inputs.dynamic.append(value)
-        elif kind is Kind.TENSOR_LIST:
+        elif kind is Kind.TENSOR_LIST or kind is Kind.INDEX_LIST:
+            # CPU index tensors are accepted, as CUDA accepts them (copied over)
+            host_ok = kind is Kind.INDEX_LIST
             layout.append(
-                ("l", tuple(None if t is None else inputs.tensor(t) for t in value))
+                ("l", tuple(None if t is None else inputs.tensor(t, host_ok) for t in value))
             )
         elif kind is Kind.SCALAR:
             layout.append(("s", len(inputs.dynamic), type(value)))
@@ -137,7 +139,8 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
     entry = _CACHE.get(key)
     metrics.count("ops_dispatched")
     if entry is None:
-        if spec.lowering.dynamic_shape:
+        dynamic = spec.lowering.dynamic_shape
+        if dynamic is True or (dynamic and dynamic(values)):
             return _run_unjitted(spec, values, layout, inputs)
         entry = _build(spec, values, layout)
         if entry.resize:

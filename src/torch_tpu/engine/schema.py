@@ -11,7 +11,8 @@ import torch
 class Kind(enum.Enum):
     TENSOR = "tensor"
     OPT_TENSOR = "optional tensor"
-    TENSOR_LIST = "tensor list"  # also Tensor?[]
+    TENSOR_LIST = "tensor list"
+    INDEX_LIST = "optional tensor list"  # Tensor?[]: indices, which may live on the CPU
     SCALAR = "scalar"  # a runtime value unless the lowering wants it static
     STATIC = "static"  # ints, shapes, dtypes, flags: part of the cache key
 
@@ -20,7 +21,7 @@ _KINDS = {
     "Tensor": Kind.TENSOR,
     "Optional[Tensor]": Kind.OPT_TENSOR,
     "List[Tensor]": Kind.TENSOR_LIST,
-    "List[Optional[Tensor]]": Kind.TENSOR_LIST,
+    "List[Optional[Tensor]]": Kind.INDEX_LIST,
     "number": Kind.SCALAR,
     "Optional[number]": Kind.SCALAR,
 }

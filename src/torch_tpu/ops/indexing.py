@@ -16,6 +16,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from .registry import lower
@@ -75,10 +76,14 @@ def _concrete_indices(indices) -> list:
     return out
 
 
-@lower("index.Tensor", dynamic_shape=True)
+def _has_mask(values) -> bool:
+    return any(ix is not None and ix.dtype in (torch.bool, torch.uint8) for ix in values[1])
+
+
+@lower("index.Tensor", dynamic_shape=_has_mask)
 def index(self, indices):
-    """Dynamic only because a mask's True count sets the shape; integer indices
-    still run as one cached executable."""
+    """Dynamic only when a bool mask's True count sets the shape; integer indices
+    run as one cached executable (and fuse in fused mode)."""
     return _gather_indexed(self, _concrete_indices(indices))
 
 

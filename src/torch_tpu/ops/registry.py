@@ -22,7 +22,9 @@ class Lowering:
     fn: Callable
     static_scalars: bool = False  # Scalars are compile-time constants (arange's bounds)
     random: bool = False  # fn takes a jax PRNG key as its first argument
-    dynamic_shape: bool = False  # output shape depends on values: runs un-jitted
+    # output shape depends on values: runs un-jitted. A callable decides per call, from
+    # the op's bound arguments (index.Tensor: only when an index is a bool mask).
+    dynamic_shape: bool | Callable[[list], bool] = False
     writes: tuple[str, ...] = ()  # arguments mutated although the schema does not say so
     # fn also gets contiguous=(bool per tensor argument): for the few ops whose results
     # PyTorch defines by the input's memory layout (det's LU factors)
@@ -42,7 +44,7 @@ def lower(
     *names: str,
     static_scalars: bool = False,
     random: bool = False,
-    dynamic_shape: bool = False,
+    dynamic_shape: bool | Callable[[list], bool] = False,
     writes: tuple[str, ...] = (),
     contiguity: bool = False,
 ) -> Callable[[Callable], Callable]:
