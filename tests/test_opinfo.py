@@ -16,6 +16,10 @@ import torch
 
 from torch_tpu.testing import opinfo
 
+# Every cell runs in debug, strict and fused eager mode (conftest.eager_mode): the
+# modes must give the same answers, so one known-failures list serves all three.
+pytestmark = pytest.mark.usefixtures("eager_mode")
+
 KNOWN_FAILURES: dict[str, str] = json.loads(
     (Path(__file__).parent / "opinfo_known_failures.json").read_text()
 )

@@ -288,4 +288,42 @@ def test_det_gradient_follows_input_layout(fn):
     a = torch.randn(4, 4, dtype=torch.float64)
     op = torch.linalg.det if fn == "det" else (lambda m: torch.linalg.slogdet(m)[1])
     for view in (lambda m: m, lambda m: m.mT):
-        assert_same_grad(lambda m: op(view(m)), a)
+        assert_same_grad(lambda m, v=view: op(v(m)), a)
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (0, 0, 0), (2, 0, 0)])
+def test_empty_matrices_inverse_and_cholesky(shape, no_fallback):
+    a = torch.randn(shape)
+    assert_same(torch.linalg.inv, a)
+    assert_same(torch.linalg.inv_ex, a)
+    assert_same(torch.linalg.cholesky_ex, a)
+    assert_same(torch.linalg.cholesky, a.bfloat16())  # CPU has no bf16 kernel, nor needs one
+
+
+@pytest.mark.parametrize(("beta", "alpha"), [(0.2, 0.6), (2, 3), (1.7, 2.5)])
+def test_integer_products_truncate_scalars(beta, alpha, no_fallback):
+    """Integer addmm-family results cast beta and alpha to integers first (0.6 -> 0)."""
+    s, v = torch.randint(-9, 9, (5,)), torch.randint(-9, 9, (10,))
+    m = torch.randint(-9, 9, (5, 10))
+    b1, b2 = torch.randint(-9, 9, (2, 5, 3)), torch.randint(-9, 9, (2, 3, 4))
+    bs = torch.randint(-9, 9, (2, 5, 4))
+    assert_same(lambda *t: torch.addmv(*t, beta=beta, alpha=alpha), s, m, v)
+    assert_same(lambda *t: torch.baddbmm(*t, beta=beta, alpha=alpha), bs, b1, b2)
+    assert_same(lambda *t: torch.addbmm(*t, beta=beta, alpha=alpha), bs[0], b1, b2)
+
+
+@pytest.mark.parametrize("fn", [torch.baddbmm, torch.addbmm])
+def test_half_precision_batched_products_round_like_cpu(fn, no_fallback):
+    """beta * self joins the float32 product before one rounding; addbmm rounds after
+    each batch, as PyTorch's CPU loop of addmm_ does."""
+    b1 = (torch.randn(5, 5, 5) * 5).bfloat16()
+    b2 = (torch.randn(5, 5, 10) * 5).bfloat16()
+    s = (torch.randn(5, 5, 10) * 5).bfloat16()
+    s = s if fn is torch.baddbmm else s[0]
+    assert_same(lambda *t: fn(*t, beta=0.7, alpha=1.3), s, b1, b2)
+    assert_same(lambda *t: fn(*t), s, b1, b2)
+
+
+@pytest.mark.parametrize("uplo", ["L", "U"])
+def test_eigh_reads_the_requested_triangle(uplo, no_fallback):
+    assert_same(lambda t: torch.linalg.eigvalsh(t, UPLO=uplo), torch.randn(2, 4, 4), **F32)

@@ -124,6 +124,40 @@ def test_batch_norm_updates_running_stats(no_nn_fallback):
     torch.testing.assert_close(tpu_bn(x.to("tpu")).cpu(), bn(x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_log_softmax_half_rounds_like_cpu(dtype, dim, no_nn_fallback):
+    """CPU's last-dim kernel stores the sum of exponentials (and its log) in half before
+    subtracting: the max of [1.82, -3.52, -4.41, 2.33, 8.38] gives exactly 0, not -0.0038."""
+    x = torch.tensor([[1.8203, -3.5156, -4.4062, 2.3281, 8.375], [3.2656, -3.8906, 2.8, -4.7, 4.2]])
+    x = torch.cat([x, (randn(6, 5) * 5)]).to(dtype)
+    assert_same(lambda t: F.log_softmax(t, dim), x, atol=0, rtol=0)
+
+
+def test_layer_norm_grad_over_one_element(no_nn_fallback):
+    """Normalizing a single element: CPU's weight gradient is dy * (rstd * x - rstd * mean),
+    not exactly 0 (-2.4e-5 here)."""
+    x, w, b = torch.tensor([-4.3228]), torch.tensor([-8.4784]), torch.tensor([-1.7658])
+    assert_same_grad(lambda *a: F.layer_norm(a[0], (1,), a[1], a[2]), x, w, b, atol=1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(4, 3, 5, 7), (257, 2), (3, 4, 100)])
+def test_batch_norm_half_bit_exact(dtype, shape, no_nn_fallback):
+    """Output and running statistics match CPU exactly: the saved mean/invstd are rounded
+    to the parameter dtype before out = x * alpha + beta (bfloat16 also rounds var_sum)."""
+    x = (randn(*shape) * 3 + 1).to(dtype)
+    w, b, rm, rv = (randn(shape[1]).to(dtype) for _ in range(4))
+    rv = rv.abs() + 1
+    results = []
+    for device in ("cpu", "tpu"):
+        stats = [rm.clone().to(device), rv.clone().to(device)]
+        out = F.batch_norm(x.to(device), *stats, w.to(device), b.to(device), True, 0.3, 1e-5)
+        results.append([t.cpu() for t in (out, *stats)])
+    for actual, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(actual, expected, atol=0, rtol=0)
+
+
 def test_dropout(no_nn_fallback):
     x = torch.ones(64, 64, device="tpu", requires_grad=True)
     y = F.dropout(x, 0.25)
@@ -144,6 +178,18 @@ def test_embedding(padding_idx, scale, no_nn_fallback):
     )
     assert_same(fn, randn(6, 3))
     assert_same_grad(fn, randn(6, 3))
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+def test_embedding_max_norm(norm_type, no_nn_fallback):
+    """max_norm renormalises the looked-up rows of the weight in place (embedding_renorm_)."""
+    indices = torch.tensor([[1, 3, 3], [5, 0, 1]])
+    weight = randn(6, 4) * 3
+    tpu_weight = weight.to("tpu")
+    fn = lambda w: F.embedding(indices.to(w.device), w, max_norm=1.5, norm_type=norm_type)  # noqa: E731
+    torch.testing.assert_close(fn(tpu_weight).cpu(), fn(weight))
+    torch.testing.assert_close(tpu_weight.cpu(), weight)  # rows 1, 3, 5, 0 were rescaled
+    assert_same_grad(fn, randn(6, 4) * 3)
 
 
 LOSSES = {
@@ -221,6 +267,16 @@ def test_conv_transpose(dims, kwargs, no_nn_fallback):
 def test_conv_bfloat16(no_nn_fallback):
     x, w = randn(1, 3, 8, 8, dtype=torch.bfloat16), randn(4, 3, 3, 3, dtype=torch.bfloat16)
     assert_same(F.conv2d, x, w, atol=5e-2, rtol=5e-2)
+
+
+def test_conv_transpose_bfloat16_accumulates_in_float32(no_nn_fallback):
+    """bfloat16 convolutions accumulate in float32 and round once: equal to the float64
+    result rounded to bfloat16 (CPU's bfloat16 conv_transpose does not, so compare to that)."""
+    x, w = randn(2, 2, 4, 4, dtype=torch.bfloat16) * 5, randn(2, 2, 4, 5, dtype=torch.bfloat16) * 5
+    kwargs = dict(stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2, dilation=(4, 4))
+    exact = F.conv_transpose2d(x.double(), w.double(), **kwargs).to(torch.bfloat16)
+    actual = F.conv_transpose2d(x.to("tpu"), w.to("tpu"), **kwargs).cpu()
+    torch.testing.assert_close(actual, exact, atol=0, rtol=0)
 
 
 POOLS = {

@@ -168,7 +168,8 @@ def test_orthogonal_polynomials(no_pointwise_fallback):
         fn = getattr(torch.special, name)
         assert_same(fn, x, n, rtol=1e-3, atol=1e-4)
         assert_same(lambda t, f=fn: f(t, 3), x, rtol=1e-3, atol=1e-4)
-    assert_same(lambda d: torch.special.legendre_polynomial_p(0.3, d), n.float(), rtol=1e-4, atol=1e-6)
+    legendre = torch.special.legendre_polynomial_p
+    assert_same(lambda d: legendre(0.3, d), n.float(), rtol=1e-4, atol=1e-6)
 
 
 BINARY = {
@@ -510,3 +511,23 @@ def test_no_cpu_fallback_for_a_pointwise_model_step(no_pointwise_fallback):
     z = (y.clamp(-1, 1) ** 2 + torch.lerp(x, w, 0.25)).exp()
     z.backward(torch.ones_like(z))
     assert x.grad is not None and w.grad is not None
+
+
+def test_erfinv_gradient_near_one(no_pointwise_fallback):
+    """The backward's exp(erfinv(y)^2) amplifies erfinv's error tenfold near ±1."""
+    y = torch.tensor([-0.99971, -0.9987144, -0.93, 0.0, 0.3, 0.7, 0.99, 0.9999])
+    assert_same(torch.erfinv, y, rtol=3e-7, atol=0)
+    assert_same_grad(torch.erfinv, y)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_polygamma_negative_arguments_and_poles(n, no_pointwise_fallback):
+    """Reflection (n = 1) and the zeta shift (n >= 2) below -8, and torch's pole values."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([-30.3, -8.4784, -3.5, -3.0, -0.0, 0.0, 0.3, 2.5, 1e4, inf, -inf, nan])
+    assert_same(lambda t: torch.polygamma(n, t), x, rtol=2e-5, atol=0)
+    assert_same(lambda t: torch.polygamma(n, t), x.bfloat16())
+
+
+def test_digamma_gradient_at_negative_arguments(no_pointwise_fallback):
+    assert_same_grad(torch.digamma, torch.tensor([-8.4784, -4.3228, -0.5735, 1.1351, 5.1]))

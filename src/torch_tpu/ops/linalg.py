@@ -41,9 +41,14 @@ def _matmul(a, b):
 
 
 def _scale_add(self, product, beta, alpha):
-    """beta * self + alpha * product; beta == 0 ignores self, so its NaNs do not leak."""
+    """beta * self + alpha * product; beta == 0 ignores self, so its NaNs do not leak.
+
+    As PyTorch's CPU kernels: half-precision self joins the float32 product before
+    rounding once, and integer results truncate beta and alpha to integers first."""
+    if jnp.issubdtype(product.dtype, jnp.integer):
+        beta, alpha = (jnp.asarray(s).astype(product.dtype) for s in (beta, alpha))
     scaled = product * alpha
-    return jnp.where(beta == 0, scaled, scaled + beta * self)
+    return jnp.where(beta == 0, scaled, scaled + beta * self.astype(product.dtype))
 
 
 # ------------------------------------------------------------------ products
@@ -66,7 +71,21 @@ def addmm(self, left, right, beta=1, alpha=1):
 
 @lower("addbmm.default")
 def addbmm(self, batch1, batch2, beta=1, alpha=1):
-    return _scale_add(self, _einsum("bij,bjk->ik", batch1, batch2), beta, alpha)
+    """Half precision adds one batch at a time, rounding after each as PyTorch's CPU
+    does (its addbmm is a loop of addmm_); wider dtypes sum in one contraction."""
+    if _accumulator(batch1, batch2) is None:
+        return _scale_add(self, _einsum("bij,bjk->ik", batch1, batch2), beta, alpha)
+    start = jnp.broadcast_to(self, (batch1.shape[1], batch2.shape[2]))
+    if batch1.shape[0] == 0:
+        return jnp.where(beta == 0, jnp.zeros_like(start), beta * start)
+
+    def add_one(acc, step):
+        left, right, first = step
+        acc = _scale_add(acc, _matmul(left, right), jnp.where(first, beta, 1), alpha)
+        return acc.astype(self.dtype), None
+
+    first = jnp.arange(batch1.shape[0]) == 0
+    return jax.lax.scan(add_one, start, (batch1, batch2, first))[0]
 
 
 @lower("trace.default")
@@ -101,10 +120,16 @@ def _lu(a):
     return lu, (pivots + 1).astype(jnp.int32), perm
 
 
+def _first_failure(failed):
+    """LAPACK's info from a per-pivot failure mask: 1 + the first failure, else 0."""
+    if failed.shape[-1] == 0:  # 0x0 matrices never fail (argmax rejects empty axes)
+        return jnp.zeros(failed.shape[:-1], jnp.int32)
+    return jnp.where(failed.any(-1), jnp.argmax(failed, axis=-1) + 1, 0).astype(jnp.int32)
+
+
 def _singular_info(lu):
     """LAPACK's info: 1 + the first zero pivot of U, or 0 when A is invertible."""
-    zero = jnp.diagonal(lu, axis1=-2, axis2=-1) == 0
-    return jnp.where(zero.any(-1), jnp.argmax(zero, axis=-1) + 1, 0).astype(jnp.int32)
+    return _first_failure(jnp.diagonal(lu, axis1=-2, axis2=-1) == 0)
 
 
 def _rows(b, perm):
@@ -267,6 +292,8 @@ def cholesky_inverse(self, upper=False):
 
 def _cholesky(a, upper):
     """The factor from a's lower triangle (NaN where a is not positive-definite)."""
+    if a.size == 0:  # nothing to factor; LAPACK has no half-precision kernel to call
+        return a
     L = jax.lax.linalg.cholesky(a, symmetrize_input=False)
     return jnp.conj(jnp.swapaxes(L, -1, -2)) if upper else L
 
@@ -277,8 +304,7 @@ def linalg_cholesky_ex(self, upper=False, check_errors=False):
     which leading minor failed)."""
     factor = _cholesky(self, upper)
     failed = jnp.isnan(jnp.real(jnp.diagonal(factor, axis1=-2, axis2=-1)))
-    info = jnp.where(failed.any(-1), jnp.argmax(failed, axis=-1) + 1, 0).astype(jnp.int32)
-    return factor, info
+    return factor, _first_failure(failed)
 
 
 @lower("cholesky.default")

@@ -208,7 +208,16 @@ def softmax(self, dim, half_to_float):
 
 @lower("_log_softmax.default")
 def log_softmax(self, dim, half_to_float):
-    return jax.nn.log_softmax(_up(self), axis=_axis(self, dim))
+    """CPU's last-dim kernel stores the row's sum of exponentials, and then its log, in the
+    input's dtype before subtracting; for half inputs that rounding shows (a row whose sum
+    is 1.0038 gives exactly 0 at its max), so it is reproduced. Other dims round once."""
+    x = _up(self)
+    if self.dtype not in _HALF or dim % max(self.ndim, 1) != max(self.ndim, 1) - 1:
+        return jax.nn.log_softmax(x, axis=_axis(self, dim))
+    axis = _axis(self, dim)
+    shifted = x - jnp.max(x, axis=axis, keepdims=True, initial=-jnp.inf)
+    total = jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True).astype(self.dtype)
+    return shifted - jnp.log(_up(total)).astype(self.dtype).astype(jnp.float32)
 
 
 @lower("_safe_softmax.default")
@@ -233,6 +242,12 @@ def log_softmax_backward(grad_output, output, dim, input_dtype):
 
 
 # ------------------------------------------------------------- normalization
+
+
+def _inv_sqrt(v):
+    """1 / sqrt(v) rounded twice, as CPU computes it; XLA would otherwise rewrite it into
+    its rsqrt, which differs in the last bit (316.22775 rather than 316.22778 for 1e-5)."""
+    return 1 / lax.optimization_barrier(jnp.sqrt(v))
 
 
 def _affine(xhat, weight, bias, shape):
@@ -265,7 +280,7 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     x = _up(input)
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     mean = jnp.mean(x, axes, keepdims=True)
-    rstd = lax.rsqrt(jnp.mean(jnp.square(x - mean), axes, keepdims=True) + eps)
+    rstd = _inv_sqrt(jnp.mean(jnp.square(x - mean), axes, keepdims=True) + eps)
     shape = tuple(normalized_shape)
     return _affine((x - mean) * rstd, weight, bias, shape), mean, rstd
 
@@ -274,13 +289,20 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
 def native_layer_norm_backward(
     grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask
 ):
+    """CPU's formulation, xhat = rstd * x - rstd * mean rather than (x - mean) * rstd: over
+    a single element the two differ (a weight gradient of -2.4e-5 rather than 0)."""
     x, g = _up(input), _up(grad_out)
     k = x.ndim - len(normalized_shape)
     axes, batch_axes = tuple(range(k, x.ndim)), tuple(range(k))
-    rstd = _up(rstd)
-    xhat = (x - _up(mean)) * rstd
+    rstd, mean = _up(rstd), _up(mean)
+    xhat = rstd * x + (-rstd * mean)
     dxhat = g if weight is None else g * _up(weight)
-    grad_input = _input_grad(dxhat, xhat, rstd, axes) if output_mask[0] else None
+    grad_input = None
+    if output_mask[0]:
+        n = max(math.prod(x.shape[k:]), 1)
+        ds, db = jnp.sum(dxhat * x, axes, keepdims=True), jnp.sum(dxhat, axes, keepdims=True)
+        b = (db * mean - ds) * rstd * rstd * rstd / n
+        grad_input = rstd * dxhat + b * x + (-b * mean - db * rstd / n)
     return (grad_input, *_param_grads(g, xhat, batch_axes, output_mask))
 
 
@@ -293,22 +315,42 @@ def _batch_axes(x):
     return (0,) + tuple(range(2, x.ndim))
 
 
+def _rounding(dtype):
+    """Round-trip through `dtype` when it is a half type, as storing a value in it does."""
+    if dtype not in _HALF:
+        return lambda v: v
+    return lambda v: jnp.asarray(v, jnp.float32).astype(dtype).astype(jnp.float32)
+
+
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    """(out, save_mean, save_invstd, new running_mean, new running_var)."""
+    """(out, save_mean, save_invstd, new running_mean, new running_var) in CPU's rounding
+    order (checked bit for bit against it). The saved mean and invstd are stored in the
+    parameters' dtype and out = x * alpha + beta is formed from those stored values, alpha
+    and beta in float32. With bfloat16 parameters the kernel also stores its intermediates
+    (mean, sum of squared deviations, var = var_sum / n, momentum) in bfloat16; with
+    float16 it keeps them in float32."""
     x = _up(input)
     axes, shape = _batch_axes(x), _channel(x)
+    params = [p for p in (weight, bias, running_mean, running_var) if p is not None]
+    param_dtype = params[0].dtype if params else input.dtype
+    store = _rounding(param_dtype)
+    r = store if param_dtype == jnp.bfloat16 else _rounding(None)
     if training:
-        mean = jnp.mean(x, axes)
-        var = jnp.mean(jnp.square(x - mean.reshape(shape)), axes)
         n = x.size // x.shape[1]
+        mean = jnp.mean(x, axes)
+        var_sum = r(jnp.sum(jnp.square(x - mean.reshape(shape)), axes))
+        mean, var = r(mean), r(var_sum / r(n))
+        m = r(momentum)
         if running_mean is not None:
-            running_mean = (1 - momentum) * running_mean + momentum * mean
+            running_mean = r(m * mean) + r(r(1 - m) * _up(running_mean))
         if running_var is not None:
-            running_var = (1 - momentum) * running_var + momentum * var * (n / max(n - 1, 1))
+            running_var = m * r(var_sum / r(n - 1)) + r(r(1 - m) * _up(running_var))
+        mean, invstd = store(mean), store(_inv_sqrt(var + eps))
     else:
-        mean, var = _up(running_mean), _up(running_var)
-    invstd = lax.rsqrt(var + eps)
-    out = _affine((x - mean.reshape(shape)) * invstd.reshape(shape), weight, bias, shape)
+        mean, invstd = _up(running_mean), _inv_sqrt(_up(running_var) + eps)
+    alpha = invstd if weight is None else invstd * _up(weight)
+    beta = -mean * alpha if bias is None else _up(bias) - mean * alpha
+    out = x * alpha.reshape(shape) + beta.reshape(shape)
     return out, mean, invstd, running_mean, running_var
 
 
@@ -359,7 +401,7 @@ def native_batch_norm_backward(
     if train:
         mean, invstd = save_mean, save_invstd
     else:
-        mean, invstd = running_mean, lax.rsqrt(_up(running_var) + eps)
+        mean, invstd = running_mean, _inv_sqrt(_up(running_var) + eps)
     return _batch_norm_grads(grad_out, input, weight, mean, invstd, train, output_mask)
 
 
@@ -378,7 +420,7 @@ def batch_norm_backward(
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     x = _up(input).reshape(N, group, -1)
     mean = jnp.mean(x, -1)
-    rstd = lax.rsqrt(jnp.mean(jnp.square(x - mean[..., None]), -1) + eps)
+    rstd = _inv_sqrt(jnp.mean(jnp.square(x - mean[..., None]), -1) + eps)
     xhat = ((x - mean[..., None]) * rstd[..., None]).reshape(input.shape)
     return _affine(xhat, weight, bias, _channel(input)), mean, rstd
 
@@ -421,6 +463,17 @@ def native_dropout_backward(grad_output, mask, scale):
 @lower("embedding.default")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices, axis=0)
+
+
+@lower("embedding_renorm.default")
+def embedding_renorm(self, indices, max_norm, norm_type):
+    """Rows looked up by `indices` whose norm exceeds max_norm are scaled to it; CPU takes
+    the norm in the weight's dtype (rounded) and divides by norm + 1e-7."""
+    x = _up(self)
+    used = jnp.zeros(self.shape[0], jnp.bool_).at[indices.reshape(-1)].set(True)
+    norm = _up(jnp.linalg.norm(x, ord=norm_type, axis=-1).astype(self.dtype))
+    scale = max_norm / (norm + 1e-7)
+    return jnp.where((used & (norm > max_norm))[:, None], x * scale[:, None], x)
 
 
 @lower("embedding_dense_backward.default")
@@ -557,6 +610,13 @@ def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
 # --------------------------------------------------------------- convolution
 
 
+def _conv_precision(x):
+    """Half inputs accumulate in float32 (rounded once by the engine), as CPU kernels do."""
+    if x.dtype in _HALF:
+        return {"preferred_element_type": jnp.float32, "precision": lax.Precision.HIGHEST}
+    return {"precision": lax.Precision.HIGHEST}
+
+
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     spatial = x.ndim - 2
     names = "DHW"[3 - spatial :]  # PyTorch convolves 1, 2 or 3 spatial dimensions
@@ -564,7 +624,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     if not transposed:
         return lax.conv_general_dilated(
             x, w, tuple(stride), [(p, p) for p in padding], rhs_dilation=tuple(dilation),
-            dimension_numbers=numbers, feature_group_count=groups,
+            dimension_numbers=numbers, feature_group_count=groups, **_conv_precision(x),
         )
     # A transposed convolution is the input-gradient of a plain one: dilate the input by
     # the stride and convolve with the flipped kernel, its in/out channels swapped per group.
@@ -577,14 +637,14 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     ]
     return lax.conv_general_dilated(
         x, w, (1,) * spatial, pads, lhs_dilation=tuple(stride), rhs_dilation=tuple(dilation),
-        dimension_numbers=numbers, feature_group_count=groups,
+        dimension_numbers=numbers, feature_group_count=groups, **_conv_precision(x),
     )
 
 
 @lower("convolution.default")
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
-    return out if bias is None else out + bias.reshape(_channel(out))
+    return out if bias is None else out + _up(bias).reshape(_channel(out))
 
 
 @lower("convolution_backward.default")

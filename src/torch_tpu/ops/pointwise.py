@@ -259,6 +259,56 @@ def _digamma(x):
     return jnp.where(x == 0, pole, jss.digamma(x))
 
 
+def _trigamma(x):
+    """psi'(x) by reflection below 1/2, six recurrence steps and the asymptotic series:
+    jax's polygamma(1, x) is wrong for negative x, and near the poles the result
+    follows sin(pi * x) in x's precision, as PyTorch's CPU kernel does."""
+    reflect = x < 0.5
+    sin_pi_x = jnp.sin(math.pi * x)
+    total = jnp.where(reflect, -(math.pi**2) / (sin_pi_x * sin_pi_x), 0)
+    z = jnp.where(reflect, 1 - x, x)
+    for _ in range(6):
+        total = total + 1 / (z * z)
+        z = z + 1
+    w = 1 / (z * z)
+    total = total + (1 + 1 / (2 * z) + w * (1 / 6 - w * (1 / 30 - w / 42))) / z
+    return jnp.where(reflect, -total, total)
+
+
+def _higher_polygamma(n, x):
+    """psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x), n >= 2. jax's Hurwitz zeta is wrong
+    for q below about -8, so the terms (x + k)^-(n+1) that bring x to at least 1 are
+    summed first; non-positive integers are poles (zeta = inf), as on PyTorch's CPU."""
+    pole = (x <= 0) & (x == jnp.floor(x))
+    shifting = (x < 1) & ~pole & jnp.isfinite(x)
+
+    def pending(state):
+        return jnp.any(shifting & (x + state[0] < 1))
+
+    def add_term(state):
+        k, total = state
+        term = jnp.where(shifting & (x + k < 1), (x + k) ** -(n + 1), 0)
+        return k + 1, total + term
+
+    _, head = lax.while_loop(pending, add_term, (jnp.zeros((), x.dtype), jnp.zeros_like(x)))
+    tail = jss.zeta(n + 1, jnp.where(shifting, x + jnp.ceil(1 - x), x))
+    zeta = jnp.where(pole, jnp.inf, head + tail)
+    return (-1) ** (n + 1) * math.factorial(n) * zeta
+
+
+def _erfinv(y):
+    """XLA's erf_inv, refined by one Newton step: near ±1 its float32 error would be
+    amplified tenfold by the backward's exp(erfinv(y)^2). Past |y| = 0.5 the residual
+    goes through erfc, since 1 - |y| is exact there and erf(x) - |y| cancels."""
+    wide = y.astype(jnp.float32) if y.dtype in (jnp.float16, jnp.bfloat16) else y
+    a = jnp.abs(wide)
+    x = lax.erf_inv(a)
+    residual = jnp.where(a <= 0.5, lax.erf(x) - a, (1 - a) - lax.erfc(x))
+    slope = (2 / math.sqrt(math.pi)) * jnp.exp(-x * x)
+    refined = jnp.where(jnp.isfinite(x), x - residual / slope, x)
+    return jnp.copysign(refined, wide).astype(y.dtype)
+
+
 def _spherical_bessel_j0(x):
     safe = jnp.where(x == 0, 1, x)
     value = jnp.where(x == 0, 1, jnp.sin(safe) / safe)
@@ -291,7 +341,7 @@ _FLOAT_FUNCTIONS = {
     "sigmoid": _sigmoid,
     "erf": lax.erf,
     "erfc": lax.erfc,
-    "erfinv": lax.erf_inv,
+    "erfinv": _erfinv,
     "lgamma": lax.lgamma,
     "digamma": _digamma,
     "i0": jss.i0,
@@ -314,7 +364,12 @@ for _name, _fn in _FLOAT_FUNCTIONS.items():
 @lower("polygamma.default")
 def polygamma(n, self):
     (x,) = _cast(Promo.INT_TO_FLOAT, self)
-    return _digamma(x) if n == 0 else jss.polygamma(n, x)
+    if n == 0:
+        return _digamma(x)
+    if n == 1:
+        return _trigamma(x)
+    wide = x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
+    return _higher_polygamma(n, wide).astype(x.dtype)
 
 
 @lower("logit.default")
