@@ -16,9 +16,9 @@ import torch
 
 from torch_tpu.testing import opinfo
 
-# Every cell runs in debug, strict and fused eager mode (conftest.eager_mode): the
-# modes must give the same answers, so one known-failures list serves all three.
-pytestmark = pytest.mark.usefixtures("eager_mode")
+# Every cell runs in debug, strict and fused eager mode (conftest.eager_mode). The modes
+# give the same answers except where XLA fuses across ops and rounds differently; such
+# entries are listed as "<mode>:<entry>|<cell>".
 
 KNOWN_FAILURES: dict[str, str] = json.loads(
     (Path(__file__).parent / "opinfo_known_failures.json").read_text()
@@ -72,8 +72,10 @@ def _cells():
 
 
 @pytest.mark.parametrize(("op", "cell"), list(_cells()))
-def test_opinfo_subset(op, cell):
+def test_opinfo_subset(op, cell, eager_mode):
     key = f"{opinfo.entry_name(op)}|{cell}"
+    if f"{eager_mode}:{key}" in KNOWN_FAILURES:  # an entry for one mode only
+        key = f"{eager_mode}:{key}"
     grad = cell == "grad_float32"
     dtype = torch.float32 if grad else _DTYPE_CELLS[cell]
     outcome = opinfo.run(op, dtype, grad=grad, limit=opinfo.SAMPLES_PER_CELL)
