@@ -22,11 +22,10 @@ import sys
 import time
 
 import torch
-from torch import nn
 
 import torch_tpu
 from torch_tpu.engine import fuse
-from torch_tpu.training import gpt_step_fn
+from torch_tpu.training import gpt_step_fn, wide_mlp_step_fn
 
 MODES = {
     "debug": "DEFER_NEVER_AND_LAUNCH_BLOCKING",
@@ -35,26 +34,9 @@ MODES = {
 }
 
 
-def mlp_step_fn(device: str):
-    torch.manual_seed(0)
-    layers = [nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU()]
-    model = nn.Sequential(*layers, nn.Linear(1024, 1024)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(128, 1024).to(device), torch.randn(128, 1024).to(device)
-
-    def step():
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return model, step
-
-
 def step_fn(workload: str, device: str):
     if workload == "mlp":
-        return mlp_step_fn(device)
+        return wide_mlp_step_fn(device)
     return gpt_step_fn(workload, device)
 
 

@@ -15,10 +15,10 @@ import time
 
 import jax
 import torch
-from torch import nn
 
 import torch_tpu
 from torch_tpu.engine.executor import device_value
+from torch_tpu.training import wide_mlp_step_fn
 
 
 def _best(fn, repeats: int, inner: int) -> float:
@@ -55,21 +55,7 @@ def per_op(repeats: int) -> tuple[float, float]:
 
 
 def mlp_step(device: str, steps: int) -> float:
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)
-    ).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(128, 1024).to(device)
-    y = torch.randn(128, 1024).to(device)
-
-    def step():
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
+    _, step = wide_mlp_step_fn(device)
     for _ in range(3):
         step().item()
     best = float("inf")

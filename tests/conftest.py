@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -81,3 +83,28 @@ def eager_mode(request):
     """Run the test in each eager mode; the mode is restored afterwards."""
     with torch.tpu.set_eager_mode(request.param):
         yield request.param
+
+
+def packet(op_name: str) -> str:
+    """'aten::add_.Tensor' -> 'add': the op whatever its in-place or out= form."""
+    return op_name.removeprefix("aten::").split(".")[0].rstrip("_")
+
+
+def lowered_packets(module: str) -> set[str]:
+    """The ATen packets whose lowerings live in torch_tpu.ops.<module>."""
+    from torch_tpu.ops.registry import LOWERINGS
+
+    return {
+        packet(name)
+        for name, lowering in LOWERINGS.items()
+        if lowering.fn.__module__ == f"torch_tpu.ops.{module}"
+    }
+
+
+@contextlib.contextmanager
+def no_fallback(family: str, ours):
+    """Fail if, inside the block, an op for which ours(op_name) holds ran on the CPU."""
+    torch_tpu.metrics.reset()
+    yield
+    fell = [op for op in torch_tpu.metrics.snapshot()["fallback_ops"] if ours(op)]
+    assert not fell, f"{family} ops fell back to the CPU: {sorted(fell)}"

@@ -3,25 +3,15 @@ masks, unique, searching and binning, forward and backward, without CPU fallback
 
 import pytest
 import torch
-from conftest import assert_same, assert_same_grad
+from conftest import assert_same, assert_same_grad, lowered_packets, no_fallback, packet
 
-import torch_tpu
-from torch_tpu.ops.registry import LOWERINGS
-
-_OURS = {
-    name.split(".")[0]
-    for name, lowering in LOWERINGS.items()
-    if lowering.fn.__module__ == "torch_tpu.ops.indexing"
-}
+_OURS = lowered_packets("indexing")
 
 
 @pytest.fixture(autouse=True)
 def _no_fallback_of_ours():
-    torch_tpu.metrics.reset()
-    yield
-    fell = torch_tpu.metrics.snapshot()["fallback_ops"]
-    ours = [op for op in fell if op.removeprefix("aten::").split(".")[0].rstrip("_") in _OURS]
-    assert not ours, f"indexing ops fell back to the CPU: {ours}"
+    with no_fallback("indexing", lambda op: packet(op) in _OURS):
+        yield
 
 
 def _x(dtype=torch.float32, shape=(4, 5)):

@@ -3,9 +3,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_same, assert_same_grad
+from conftest import assert_same, assert_same_grad, no_fallback
 
-import torch_tpu
 from torch_tpu.ops.registry import LOWERINGS
 
 NN_OPS = {f"aten::{n}" for n, low in LOWERINGS.items() if low.fn.__module__.endswith("ops.nn")}
@@ -14,10 +13,8 @@ NN_OPS = {f"aten::{n}" for n, low in LOWERINGS.items() if low.fn.__module__.ends
 @pytest.fixture
 def no_nn_fallback():
     """The test body may fall back for other families' ops, never for ours."""
-    torch_tpu.metrics.reset()
-    yield
-    fell_back = set(torch_tpu.metrics.snapshot()["fallback_ops"]) & NN_OPS
-    assert not fell_back, f"nn ops fell back to the CPU: {sorted(fell_back)}"
+    with no_fallback("nn", lambda op: op in NN_OPS):
+        yield
 
 
 def randn(*shape, dtype=torch.float32):

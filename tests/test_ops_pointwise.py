@@ -5,33 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_same, assert_same_grad
+from conftest import assert_same, assert_same_grad, lowered_packets, no_fallback, packet
 
-import torch_tpu
-from torch_tpu.ops import pointwise
-from torch_tpu.ops.registry import LOWERINGS
-
-_POINTWISE_OPS = {
-    name for name, lowering in LOWERINGS.items() if lowering.fn.__module__ == pointwise.__name__
-}
-
-
-def _packet(op_name: str) -> str:
-    """'aten::add_.Tensor' -> 'add': the op whatever its in-place or out= form."""
-    return op_name.removeprefix("aten::").split(".")[0].rstrip("_")
-
-
-_PACKETS = {_packet(name) for name in _POINTWISE_OPS}
+_PACKETS = lowered_packets("pointwise")
 
 
 @pytest.fixture
 def no_pointwise_fallback():
     """Fails the test if a pointwise op (or a variant of one) ran on the CPU."""
-    torch_tpu.metrics.reset()
-    yield
-    fallbacks = torch_tpu.metrics.snapshot()["fallback_ops"]
-    ours = [op for op in fallbacks if _packet(op) in _PACKETS]
-    assert not ours, f"pointwise ops fell back to the CPU: {ours}"
+    with no_fallback("pointwise", lambda op: packet(op) in _PACKETS):
+        yield
 
 
 def _signed(*shape):

@@ -6,30 +6,19 @@ import math
 
 import pytest
 import torch
-from conftest import assert_same, assert_same_grad
-
-import torch_tpu
+from conftest import assert_same, assert_same_grad, lowered_packets, no_fallback, packet
 
 NAN = math.nan
 INF = math.inf
 
 # Aten packets this family lowers: none of them may take the CPU fallback.
-FAMILY = {
-    "sum", "nansum", "mean", "prod", "count_nonzero", "logsumexp", "var", "std", "var_mean",
-    "std_mean", "max", "min", "amax", "amin", "aminmax", "_aminmax", "argmax", "argmin", "all",
-    "any", "cumsum", "cumprod", "logcumsumexp", "_logcumsumexp", "cummax", "cummin", "sort",
-    "topk", "kthvalue", "median", "nanmedian", "mode", "linalg_vector_norm", "norm",
-    "_foreach_norm",
-}  # fmt: skip
+FAMILY = lowered_packets("reduction")
 
 
 @pytest.fixture(autouse=True)
 def _family_never_falls_back():
-    torch_tpu.metrics.reset()
-    yield
-    fallen = torch_tpu.metrics.snapshot()["fallback_ops"]
-    mine = [op for op in fallen if op.removeprefix("aten::").split(".")[0] in FAMILY]
-    assert not mine, f"ran on the CPU: {mine}"
+    with no_fallback("reduction", lambda op: packet(op) in FAMILY):
+        yield
 
 
 def _sample(dtype, shape=(3, 4, 5)):

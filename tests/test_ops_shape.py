@@ -4,25 +4,17 @@ and the backward/scatter ops of views, forward and backward, without CPU fallbac
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_same, assert_same_grad
+from conftest import assert_same, assert_same_grad, lowered_packets, no_fallback, packet
 
-import torch_tpu
-from torch_tpu.ops.registry import LOWERINGS
-
-_OURS = {
-    name.split(".")[0]
-    for name, lowering in LOWERINGS.items()
-    if lowering.fn.__module__ == "torch_tpu.ops.shape"
-} | {"clone", "_to_copy", "copy", "split", "unbind", "expand_copy", "permute_copy"}
+_OURS = lowered_packets("shape") | {
+    "clone", "_to_copy", "copy", "split", "unbind", "expand_copy", "permute_copy"
+}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
 def _no_fallback_of_ours():
-    torch_tpu.metrics.reset()
-    yield
-    fell = torch_tpu.metrics.snapshot()["fallback_ops"]
-    ours = [op for op in fell if op.removeprefix("aten::").split(".")[0].rstrip("_") in _OURS]
-    assert not ours, f"shape ops fell back to the CPU: {ours}"
+    with no_fallback("shape", lambda op: packet(op) in _OURS):
+        yield
 
 
 DTYPES = [torch.float32, torch.int64, torch.bool, torch.bfloat16]

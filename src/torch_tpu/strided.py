@@ -66,30 +66,25 @@ def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return all(n == 1 or s == e for n, s, e in zip(shape, strides, expected))
 
 
+def _dense_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int] | None:
+    """The dims that are neither size 1 nor broadcast (stride 0), largest stride first,
+    when they lay out one dense block; None when they do not."""
+    dims = [d for d, n in enumerate(shape) if n != 1 and strides[d] != 0]
+    order = sorted(dims, key=lambda d: -strides[d])
+    step = 1
+    for d in reversed(order):
+        if strides[d] != step:
+            return None
+        step *= shape[d]
+    return order
+
+
 def is_dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """True when the strides lay the elements out as a permutation of a dense block."""
     if any(n == 0 for n in shape):
         return False
-    dims = sorted((d for d, n in enumerate(shape) if n != 1), key=lambda d: -strides[d])
-    step = 1
-    for d in reversed(dims):
-        if strides[d] != step:
-            return False
-        step *= shape[d]
-    return True
-
-
-def _dense_plan(view: View):
-    """(start, permuted shape, permutation) when the view is a permutation of a
-    dense block (after dropping broadcast dims), else None."""
-    dims = [d for d, n in enumerate(view.shape) if n != 1 and view.strides[d] != 0]
-    order = sorted(dims, key=lambda d: -view.strides[d])
-    step = 1
-    for d in reversed(order):
-        if view.strides[d] != step:
-            return None
-        step *= view.shape[d]
-    return order
+    order = _dense_order(shape, strides)
+    return order is not None and len(order) == sum(1 for n in shape if n != 1)
 
 
 def _indices(view: View):
@@ -106,7 +101,7 @@ def read(flat, view: View):
     if numel == 0:
         return jnp.zeros(view.shape, view.dtype)
     flat = _reinterpret(flat, view.storage_dtype, view.dtype)
-    order = _dense_plan(view)
+    order = _dense_order(view.shape, view.strides)
     if order is None:
         return flat[_indices(view)]
     dense_numel = math.prod(view.shape[d] for d in order)
@@ -127,7 +122,7 @@ def write(flat, view: View, value):
         return flat
     value = jnp.broadcast_to(value.astype(view.dtype), view.shape)
     typed = _reinterpret(flat, view.storage_dtype, view.dtype)
-    order = _dense_plan(view)
+    order = _dense_order(view.shape, view.strides)
     if order is not None and len(order) == sum(1 for n in view.shape if n != 1):
         kept = sorted(order)
         dense = value.reshape([view.shape[d] for d in kept])

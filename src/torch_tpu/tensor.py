@@ -145,7 +145,3 @@ def replace_storage(t: torch.Tensor, shape, strides=None) -> None:
     if strides is None:
         strides = contiguous_strides(shape)
     _attach_storage(t, shape, tuple(strides), t.dtype, None, storage_span(shape, strides, 0))
-
-
-def numel(shape) -> int:
-    return math.prod(shape)

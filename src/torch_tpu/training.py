@@ -128,3 +128,22 @@ def gpt_step_fn(size: str, device: str, seed: int = 0):
         return loss
 
     return model, step
+
+
+def wide_mlp_step_fn(device: str):
+    """(model, step function returning the loss tensor) for the benchmarks' MLP:
+    3 x Linear(1024) + ReLU, batch 128, SGD, MSE on a fixed batch."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(1024, 1024)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(128, 1024).to(device), torch.randn(128, 1024).to(device)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, step

@@ -14,7 +14,7 @@ import torch
 
 from .. import metrics
 
-DEVICE_TYPE = "tpu"
+DEVICE_TYPE = "tpu"  # the renamed PrivateUse1 (engine.executor uses the same name)
 enabled: bool = True
 _warned: set[str] = set()
 _lib = torch.library.Library("_", "IMPL")

@@ -126,15 +126,11 @@ def _register_variants(name: str, op, lowering: Lowering) -> None:
 
 
 def _check_device(device) -> None:
-    if device is None:
-        return
-    device = torch.device(device)
-    from .. import api
+    """A clear error for tpu:N beyond the devices this process has (api's own check)."""
+    if device is not None:
+        from .. import api
 
-    if device.index is not None and device.index >= api.device_count():
-        raise RuntimeError(
-            f"{device} is not available: this process has {api.device_count()} tpu device(s)"
-        )
+        api._index(device)
 
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):

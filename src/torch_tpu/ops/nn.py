@@ -975,24 +975,24 @@ def upsample_nearest_exact(self, output_size, *scales):
     return _nearest(self, output_size, scales, exact=True)
 
 
-@lower(
+def _nearest_backward(exact: bool):
+    def backward(grad_output, output_size, input_size, *scales):
+        zeros = jnp.zeros(tuple(input_size), grad_output.dtype)
+        return _vjp(lambda x: _nearest(x, output_size, scales, exact), zeros, grad_output)
+
+    return backward
+
+
+lower(
     "upsample_nearest1d_backward.default",
     "upsample_nearest2d_backward.default",
     "upsample_nearest3d_backward.default",
-)
-def upsample_nearest_backward(grad_output, output_size, input_size, *scales):
-    zeros = jnp.zeros(tuple(input_size), grad_output.dtype)
-    return _vjp(lambda x: _nearest(x, output_size, scales, False), zeros, grad_output)
-
-
-@lower(
+)(_nearest_backward(exact=False))
+lower(
     "_upsample_nearest_exact1d_backward.default",
     "_upsample_nearest_exact2d_backward.default",
     "_upsample_nearest_exact3d_backward.default",
-)
-def upsample_nearest_exact_backward(grad_output, output_size, input_size, *scales):
-    zeros = jnp.zeros(tuple(input_size), grad_output.dtype)
-    return _vjp(lambda x: _nearest(x, output_size, scales, True), zeros, grad_output)
+)(_nearest_backward(exact=True))
 
 
 @lower(
