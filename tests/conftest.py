@@ -73,6 +73,13 @@ def _sum(out):
     return out.sum()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_compilation_cache(tmp_path_factory):
+    """The suite compiles into its own fresh cache directory: results never depend on
+    what an earlier run left in the user's cache, and the user's cache is not filled."""
+    torch_tpu.cache.set_directory(tmp_path_factory.mktemp("compilation_cache"))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

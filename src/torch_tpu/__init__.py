@@ -24,10 +24,10 @@ import torch  # noqa: E402, F401
 
 jax.config.update("jax_enable_x64", True)  # int64 and float64 tensors must be real
 
-from . import api, device, metrics  # noqa: E402
+from . import api, cache, device, metrics  # noqa: E402
 from .engine import kernels  # noqa: E402
 
-__all__ = ["api", "metrics", "init"]
+__all__ = ["api", "cache", "metrics", "init"]
 __version__ = "0.1.0"
 
 _initialised = False

@@ -1,27 +1,113 @@
-"""Counters every execution path reports to: ops, compiles, cache hits, fallbacks, host syncs."""
+"""Counters every execution path reports to: ops, compiles, cache hits, fallbacks, host syncs.
+
+Every XLA compile (strict op, fused segment, compiled graph) is recorded with
+what was compiled and how long it took. A compile of code already compiled at
+other input shapes or dtypes is a recompile: it is recorded with the input
+that changed, and after `TORCH_TPU_RECOMPILE_WARN_LIMIT` (default 8)
+recompiles of the same segment or graph a warning names the input whose shape
+keeps changing. Strict per-op programs are recorded but never warned about:
+one op at many shapes is how an ordinary model runs.
+"""
 
 from __future__ import annotations
 
-from collections import Counter
+import os
+import warnings
+from collections import Counter, deque
+from dataclasses import dataclass
 
 _counts: Counter = Counter()
 _compile_seconds: float = 0.0
 _fallbacks: Counter = Counter()
+_compiles: deque = deque(maxlen=1000)
+_last_signature: dict[tuple[str, str], list] = {}
+_recompiles: Counter = Counter()
+_changed_inputs: dict[tuple[str, str], Counter] = {}
+_warned: set = set()
+
+_WARNED_KINDS = ("segment", "graph")
+
+
+@dataclass(frozen=True)
+class CompileEvent:
+    """One XLA compile: what, how long, and for a recompile what changed."""
+
+    kind: str
+    name: str
+    seconds: float
+    reason: str | None  # None for a first compile
 
 
 def count(name: str, n: int = 1) -> None:
     _counts[name] += n
 
 
-def record_compile(seconds: float) -> None:
+def record_compile(
+    seconds: float, kind: str = "op", name: str = "", signature: list | None = None
+) -> CompileEvent:
     global _compile_seconds
     _counts["compiles"] += 1
+    _counts[f"compiles: {kind}"] += 1
     _compile_seconds += seconds
+    code = (kind, name)
+    reason = None
+    if signature is not None:
+        previous = _last_signature.get(code)
+        _last_signature[code] = signature
+        if previous is not None:
+            reason, changed = _difference(previous, signature)
+            _recompiles[code] += 1
+            _counts["recompiles"] += 1
+            _changed_inputs.setdefault(code, Counter()).update(changed)
+            _maybe_warn(code)
+    event = CompileEvent(kind, name, seconds, reason)
+    _compiles.append(event)
+    return event
 
 
-def record_fallback(op_name: str) -> None:
-    _counts["cpu_fallbacks"] += 1
-    _fallbacks[op_name] += 1
+def _difference(old: list, new: list) -> tuple[str, list[str]]:
+    """Which inputs changed shape or dtype between two signatures of the same code."""
+    if len(old) != len(new):
+        return f"number of inputs {len(old)} -> {len(new)}", ["(number of inputs)"]
+    parts, changed = [], []
+    for index, (a, b) in enumerate(zip(old, new)):
+        if a == b:
+            continue
+        label = f"input {index} {a[0]!r}"
+        changed.append(label)
+        if tuple(a[1]) != tuple(b[1]):
+            parts.append(f"{label}: shape {tuple(a[1])} -> {tuple(b[1])}")
+        if a[2] != b[2]:
+            parts.append(f"{label}: dtype {a[2]} -> {b[2]}")
+    return ("; ".join(parts[:4]) or "same input shapes and dtypes"), changed
+
+
+def _warn_limit() -> int:
+    raw = os.environ.get("TORCH_TPU_RECOMPILE_WARN_LIMIT", "8")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"TORCH_TPU_RECOMPILE_WARN_LIMIT={raw!r} is not an integer") from None
+
+
+def _maybe_warn(code: tuple[str, str]) -> None:
+    kind, name = code
+    if kind not in _WARNED_KINDS or code in _warned or _recompiles[code] < _warn_limit():
+        return
+    _warned.add(code)
+    culprit, times = _changed_inputs[code].most_common(1)[0]
+    warnings.warn(
+        f"torch_tpu: {kind} {name!r} was recompiled {_recompiles[code]} times; {culprit} "
+        f"changed shape or dtype in {times} of them. Every new shape is a new XLA compile: "
+        "pad or bucket that input to a few fixed shapes (or mark it dynamic).",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def compiles() -> list[CompileEvent]:
+    """The most recent compiles (up to 1000), oldest first."""
+    return list(_compiles)
 
 
 def snapshot() -> dict:
@@ -32,15 +118,26 @@ def snapshot() -> dict:
     return out
 
 
+def record_fallback(op_name: str) -> None:
+    _counts["cpu_fallbacks"] += 1
+    _fallbacks[op_name] += 1
+
+
 def reset() -> None:
+    """Clear every counter and the compile log (recompile detection starts afresh)."""
     global _compile_seconds
     _counts.clear()
     _fallbacks.clear()
+    _compiles.clear()
+    _last_signature.clear()
+    _recompiles.clear()
+    _changed_inputs.clear()
+    _warned.clear()
     _compile_seconds = 0.0
 
 
 def report() -> str:
-    """The counters as a table; also printed."""
+    """The counters, then the recompiles with their reasons, as a table; also printed."""
     snap = snapshot()
     fallbacks = snap.pop("fallback_ops")
     lines = [f"{'counter':<28}{'value':>14}"]
@@ -50,6 +147,11 @@ def report() -> str:
         lines.append(f"{key:<28}{shown:>14}")
     for op, n in sorted(fallbacks.items()):
         lines.append(f"{'fallback ' + op:<28}{n:>14}")
+    recompiled = [e for e in _compiles if e.reason is not None]
+    if recompiled:
+        lines.append("recompiles (most recent last):")
+        for e in recompiled[-20:]:
+            lines.append(f"  {e.kind} {e.name} ({e.seconds * 1e3:.1f} ms): {e.reason}")
     text = "\n".join(lines)
     print(text)
     return text

@@ -11,11 +11,10 @@ from __future__ import annotations
 import math
 import weakref
 
-import jax
 import jax.numpy as jnp
 import torch
 
-from . import dtypes, platform
+from . import cache, dtypes
 from .engine import fuse
 from .strided import View, contiguous_strides, storage_span
 
@@ -77,14 +76,17 @@ class Storage:
         return value
 
 
-@jax.jit(static_argnums=(0, 1))
-def _zeros_jit(numel, dtype):
-    return jnp.zeros((numel,), dtype)
+_ZEROS: dict = {}
+cache.on_clear(_ZEROS.clear)
 
 
 def _zeros(numel, dtype):
-    with jax.default_device(platform.device()):
-        return _zeros_jit(numel, dtype)
+    make = _ZEROS.get((numel, dtype))
+    if make is None:
+        make = _ZEROS[(numel, dtype)] = cache.compile(
+            lambda: jnp.zeros((numel,), dtype), (), kind="op", name="zeros"
+        )
+    return make()
 
 
 def new_tensor(

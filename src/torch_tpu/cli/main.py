@@ -1,4 +1,5 @@
-"""torch-tpu: verify the device, inspect op coverage, write the OpInfo report."""
+"""torch-tpu: verify the device, inspect op coverage and the compilation cache, write the
+OpInfo report."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument(
         "--known-failures", metavar="PATH", help="also write every failing cell, with its reason"
     )
+    cache = commands.add_parser("cache", help="the persistent compilation cache")
+    cache.add_argument("action", choices=["info", "clear"], help="show its state, or empty it")
     args = parser.parse_args(argv)
     if args.command == "verify":
         from .verify import run
@@ -30,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         from .ops import run
 
         return run(args.check)
+    if args.command == "cache":
+        from .cache import run
+
+        return run(args.action)
     from .opinfo_report import run
 
     return run(args.out, args.limit, args.only, args.known_failures)

@@ -59,7 +59,7 @@ def guarded(run, spec, args: tuple, kwargs: dict):
 
 def run_blocking(spec, values, fn, arrays, dynamic, key_inputs):
     """Call the executable and wait for it; with NaN checks on, inspect its outputs."""
-    fresh, written = fn(arrays, dynamic, key_inputs(spec))
+    fresh, written = fn(arrays, dynamic, key_inputs)
     jax.block_until_ready((fresh, written))
     if modes.check_nans:
         for out in jax.tree_util.tree_leaves((fresh, written)):

@@ -10,14 +10,13 @@ the host waits only when it reads a value.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
 import torch
 
-from .. import dtypes, metrics, rng, strided
+from .. import cache, dtypes, metrics, rng, strided
 from ..ops.registry import Lowering
 from ..tensor import new_tensor, replace_storage, storage_of, view_of
 from . import debug, fuse, modes
@@ -114,14 +113,19 @@ def _layout(spec: OpSpec, values: list, inputs: _Inputs) -> tuple:
 
 @dataclass(eq=False)
 class _Executable:
-    fn: object  # jitted (storage arrays, dynamic scalars, rng inputs) -> (fresh, written)
-    program: object  # the same function unjitted: fused segments replay it
+    # compiled (storage arrays, dynamic scalars, rng inputs) -> (fresh, written); None
+    # until strict or debug mode first runs it (fused mode replays `program` instead)
+    fn: object
+    program: object  # the pure function: compiled by the cache, or replayed in a segment
     fresh: tuple  # per fresh output: (shape, torch dtype) or a list of them
     written_slots: tuple[int, ...]
     resize: dict  # arg index -> shape that out= arguments must be resized to first
+    name: str = ""  # the ATen op, for metrics and segment names
+    signature: list = field(default_factory=list)  # (arg, storage shape, dtype) per slot
 
 
 _CACHE: dict[tuple, _Executable] = {}
+cache.on_clear(_CACHE.clear)
 
 
 def run(spec: OpSpec, args: tuple, kwargs: dict):
@@ -148,11 +152,8 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
                 replace_storage(values[index], shape)
             return _run(spec, args, kwargs)
         _CACHE[key] = entry
-        start = time.perf_counter()
-        result = _call(spec, entry, values, inputs)
-        metrics.record_compile(time.perf_counter() - start)
-        return result
-    metrics.count("cache_hits")
+    else:
+        metrics.count("cache_hits")
     return _call(spec, entry, values, inputs)
 
 
@@ -186,16 +187,29 @@ def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
     if mode is modes.EagerMode.DEFER_AND_FUSE:
         current = [s.current() for s in inputs.storages]
         fresh, written = fuse.record(entry, current, dynamic, _key_inputs(spec))
-    elif mode is modes.EagerMode.DEFER_NEVER:
-        arrays = tuple(s.array() for s in inputs.storages)
-        fresh, written = entry.fn(arrays, dynamic, _key_inputs(spec))
     else:
         arrays = tuple(s.array() for s in inputs.storages)
-        fresh, written = debug.run_blocking(spec, values, entry.fn, arrays, dynamic, _key_inputs)
+        key_inputs = _key_inputs(spec)
+        fn = entry.fn or _compile(entry, arrays, dynamic, key_inputs)
+        if mode is modes.EagerMode.DEFER_NEVER:
+            fresh, written = fn(arrays, dynamic, key_inputs)
+        else:
+            fresh, written = debug.run_blocking(spec, values, fn, arrays, dynamic, key_inputs)
     for slot, value in zip(entry.written_slots, written):
         inputs.storages[slot].value = value
     tensors = [_wrap(meta, value) for meta, value in zip(entry.fresh, fresh)]
     return _returns(spec, values, tensors)
+
+
+def _compile(entry: _Executable, arrays: tuple, dynamic: tuple, key_inputs: tuple):
+    entry.fn = cache.compile(
+        entry.program,
+        (arrays, dynamic, key_inputs),
+        kind="op",
+        name=entry.name,
+        signature=entry.signature,
+    )
+    return entry.fn
 
 
 def _wrap(meta, value):
@@ -223,9 +237,7 @@ def _returns(spec: OpSpec, values: list, fresh: list):
 
 def _to_meta(value):
     if isinstance(value, torch.Tensor):
-        return torch.empty_strided(
-            value.shape, value.stride(), dtype=value.dtype, device="meta"
-        )
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
     if isinstance(value, (list, tuple)):
         return type(value)(_to_meta(v) for v in value)
     if isinstance(value, torch.device) and value.type == DEVICE_TYPE:
@@ -291,7 +303,33 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
             refs = [entry[1]] if entry[0] == "t" else [r for r in entry[1] if r is not None]
             written.extend(slot for slot, _ in refs if slot not in written)
     program = _program(spec, layout, fresh_meta, tuple(written))
-    return _Executable(jax.jit(program), program, tuple(fresh_meta), tuple(written), {})
+    return _Executable(
+        None,
+        program,
+        tuple(fresh_meta),
+        tuple(written),
+        {},
+        spec.schema.name,
+        _signature(spec, layout),
+    )
+
+
+def _signature(spec: OpSpec, layout: tuple) -> list:
+    """Per storage slot, the first argument reading it as (name, shape, dtype): what a
+    recompile names when an input changed."""
+    out = []
+    for arg, entry in zip(spec.schema.args, layout):
+        if entry is None or entry[0] not in ("t", "l"):
+            continue
+        refs = (
+            [(arg.name, entry[1])]
+            if entry[0] == "t"
+            else [(f"{arg.name}[{k}]", ref) for k, ref in enumerate(entry[1]) if ref is not None]
+        )
+        for name, (slot, view) in refs:
+            if slot == len(out):
+                out.append((name, view.shape, str(view.dtype)))
+    return out
 
 
 def _eval_shapes(spec: OpSpec, layout: tuple) -> list:
@@ -461,16 +499,24 @@ def upload(cpu: torch.Tensor) -> torch.Tensor:
 
 
 _READERS: dict = {}
+cache.on_clear(_READERS.clear)
 
 
 def device_value(t: torch.Tensor, reason: str = "value needed"):
     """The tensor's value as a JAX array of its shape (dispatched, not waited for)."""
     storage = storage_of(t)
     view = view_of(t, storage)
+    flat = storage.array(reason)
     reader = _READERS.get(view)
     if reader is None:
-        reader = _READERS[view] = jax.jit(lambda flat: strided.read(flat, view))
-    return reader(storage.array(reason))
+        reader = _READERS[view] = cache.compile(
+            lambda flat: strided.read(flat, view),
+            (flat,),
+            kind="op",
+            name="read",
+            signature=[("storage", flat.shape, str(flat.dtype))],
+        )
+    return reader(flat)
 
 
 def download(t: torch.Tensor, reason: str):

@@ -13,13 +13,11 @@ a training loop compiles its segments once and then replays them.
 
 from __future__ import annotations
 
+import hashlib
 import os
-import time
 import weakref
 
-import jax
-
-from .. import metrics
+from .. import cache, metrics
 
 CAP = int(os.environ.get("TORCH_TPU_FUSE_CAP", "2048"))  # ops per segment before a flush
 
@@ -58,6 +56,7 @@ class _Segment:
 
 _segment = _Segment()
 _compiled: dict[tuple, object] = {}
+cache.on_clear(_compiled.clear)
 
 
 def _input_ref(value):
@@ -109,16 +108,40 @@ def flush(reason: str = "value needed") -> None:
     fn = _compiled.get(fingerprint)
     metrics.count("segments_run")
     metrics.count(f"flush: {reason}")
+    leaves = tuple(segment.leaves)
     if fn is None:
-        fn = _compiled[fingerprint] = jax.jit(_segment_program(nodes, outputs))
-        start = time.perf_counter()
-        values = fn(tuple(segment.leaves))
-        metrics.record_compile(time.perf_counter() - start)
+        fn = _compiled[fingerprint] = cache.compile(
+            _segment_program(nodes, outputs),
+            (leaves,),
+            kind="segment",
+            name=_segment_name(nodes),
+            signature=_leaf_signature(nodes, leaves),
+        )
     else:
         metrics.count("cache_hits")
-        values = fn(tuple(segment.leaves))
+    values = fn(leaves)
     for p, value in zip(live, values):
         p.value = value
+
+
+def _segment_name(nodes: list) -> str:
+    """Names the segment's code, the same in every process: its op sequence, hashed.
+    The same ops at other shapes are a recompile of the same segment."""
+    ops = [entry.name for entry, _, _, _ in nodes]
+    digest = hashlib.sha1("\n".join(ops).encode()).hexdigest()[:10]
+    return f"{ops[0]}..{ops[-1]} ({len(ops)} ops, {digest})"
+
+
+def _leaf_signature(nodes: list, leaves: tuple) -> list:
+    """Each input of the segment named by the first op argument that reads it, with
+    that argument's shape: what a recompile reports as changed."""
+    labels = {}
+    for entry, storage_refs, _, _ in nodes:
+        for slot, ref in enumerate(storage_refs):
+            if type(ref) is int and ref not in labels and slot < len(entry.signature):
+                arg, shape, dtype = entry.signature[slot]
+                labels[ref] = (f"{entry.name} {arg}", shape, dtype)
+    return [labels.get(i, ("scalar", tuple(a.shape), str(a.dtype))) for i, a in enumerate(leaves)]
 
 
 def _segment_program(nodes: list, outputs: tuple):

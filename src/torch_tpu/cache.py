@@ -1,0 +1,348 @@
+"""The one compilation cache: every XLA executable torch_tpu runs comes from here.
+
+Strict per-op programs, fused segments and torch.compile graphs all call
+`compile()`. An executable is keyed by its lowered StableHLO text, the
+compiler options, the platform and the JAX version, and kept in memory and
+on disk, so a second process running the same program loads what the first
+compiled instead of compiling it again.
+
+Disk entries are written atomically (a private temporary file, then
+`os.replace`), so processes sharing the directory never see half an entry; each
+entry carries a length and a SHA-256 of its payload, so a corrupt or truncated
+one is detected, recompiled and replaced with a warning. The directory is
+capped at `TORCH_TPU_CACHE_MAX_BYTES`, least recently used entries evicted
+first. Loading an entry deserialises an executable: the directory must be as
+trusted as the code (it is the user's own cache directory by default).
+
+Configuration (read when first used; `set_directory` changes it at run time):
+- `TORCH_TPU_CACHE_DIR`: the directory (TorchTPU's
+  `TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT` is honoured when it is unset);
+  default `$XDG_CACHE_HOME/torch_tpu` (`~/.cache/torch_tpu`).
+- `TORCH_TPU_PERSISTENT_CACHE=0`: memory only, nothing read from or written to disk.
+- `TORCH_TPU_CACHE_MAX_BYTES`: size cap of the directory (default 4 GiB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import os
+import struct
+import tempfile
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import jax
+from jax.experimental import serialize_executable
+
+from . import metrics, platform
+
+_MAGIC = b"TTPUXC1\n"
+_HEADER = struct.Struct("<Q32s")  # payload length, sha256 of payload
+_SUFFIX = ".xc"
+_DEFAULT_MAX_BYTES = 4 << 30
+
+_memory: dict[str, Callable] = {}
+_clear_hooks: list[Callable[[], None]] = []  # lookup tables that point into _memory
+_stats: Counter = Counter()
+_options: dict[str, object] = {}
+_directory: Path | None = None
+_configured = False
+_disk_bytes: int | None = None  # running estimate, from a scan at first write
+_RUNTIME = f"jax {jax.__version__} jaxlib {importlib.metadata.version('jaxlib')}"
+
+
+# ------------------------------------------------------------------ config
+
+
+def _configure() -> None:
+    global _directory, _configured
+    _configured = True
+    if os.environ.get("TORCH_TPU_PERSISTENT_CACHE", "1").strip().lower() in ("0", "false", "off"):
+        _directory = None
+        return
+    root = os.environ.get("TORCH_TPU_CACHE_DIR") or os.environ.get(
+        "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+    )
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "torch_tpu")
+    _directory = Path(root)
+
+
+def directory() -> Path | None:
+    """The persistent cache directory, or None when the disk cache is off."""
+    if not _configured:
+        _configure()
+    return _directory
+
+
+def set_directory(path: str | os.PathLike | None) -> None:
+    """Use another directory from now on (None: memory only). The memory layer is kept."""
+    global _directory, _configured, _disk_bytes
+    _configured = True
+    _directory = None if path is None else Path(path)
+    _disk_bytes = None
+
+
+def max_bytes() -> int:
+    raw = os.environ.get("TORCH_TPU_CACHE_MAX_BYTES", "")
+    try:
+        return int(raw) if raw.strip() else _DEFAULT_MAX_BYTES
+    except ValueError:
+        raise ValueError(f"TORCH_TPU_CACHE_MAX_BYTES={raw!r} is not a number of bytes") from None
+
+
+@contextlib.contextmanager
+def compiler_options(**options: object) -> Iterator[None]:
+    """XLA compiler options for every compile inside the block (they are part of the key).
+    Nested blocks add to, and may override, the outer options. Entering and leaving
+    forgets which executable each op or segment uses (the executables stay cached
+    under their options), so ops inside the block run with the block's options."""
+    global _options
+    saved = _options
+    _options = {**saved, **options}
+    _forget_lookups()
+    try:
+        yield
+    finally:
+        _options = saved
+        _forget_lookups()
+
+
+# ----------------------------------------------------------------- compile
+
+
+def compile(
+    fn: Callable,
+    example_args: tuple,
+    *,
+    kind: str,
+    name: str,
+    signature: list[tuple] | None = None,
+) -> Callable:
+    """An executable for fn at the avals of example_args, from memory, disk or XLA.
+
+    kind ("op", "segment", "graph", ...) and name (stable for the same code) say what
+    is compiled, for metrics and recompile diagnostics; signature lists the inputs
+    as (name, shape, dtype) so that a recompile can say which one changed.
+    """
+    options = dict(_options)
+    lowered = jax.jit(fn).lower(*example_args)
+    key = _key(lowered.as_text(), options)
+    executable = _memory.get(key)
+    if executable is not None:
+        _stats["memory_hits"] += 1
+        return executable
+    executable = _load(key, lowered)
+    if executable is None:
+        start = time.perf_counter()
+        try:
+            compiled = lowered.compile(compiler_options=options or None)
+        except Exception as e:
+            if options:
+                raise RuntimeError(
+                    f"XLA could not compile {kind} {name!r} with compiler options {options}: {e}"
+                ) from e
+            raise
+        metrics.record_compile(time.perf_counter() - start, kind, name, signature)
+        _store(key, compiled)
+        executable = compiled
+    _memory[key] = executable
+    return executable
+
+
+def _key(text: str, options: dict) -> str:
+    devices = platform.devices()
+    h = hashlib.sha256()
+    for part in (
+        _RUNTIME,
+        platform.platform(),
+        devices[0].device_kind,
+        repr(sorted(options.items())),
+        text,
+    ):
+        h.update(str(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _path(key: str) -> Path | None:
+    root = directory()
+    return None if root is None else root / key[:2] / (key + _SUFFIX)
+
+
+def _load(key: str, lowered) -> Callable | None:
+    path = _path(key)
+    if path is None:
+        return None
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        _stats["disk_misses"] += 1
+        return None
+    except OSError as e:
+        _warn(f"cannot read compilation cache entry {path}: {e}; compiling instead")
+        return None
+    payload = _verified(blob)
+    if payload is not None:
+        try:
+            executable = serialize_executable.deserialize_and_load(
+                payload,
+                lowered.in_tree,
+                lowered.out_tree,
+                execution_devices=[platform.device()],
+            )
+        except Exception as e:  # an entry from an incompatible runtime: treat as corrupt
+            payload = None
+            reason = f"{type(e).__name__}: {e}"
+        else:
+            _stats["disk_hits"] += 1
+            metrics.count("compile_cache_disk_hits")
+            with contextlib.suppress(OSError):
+                os.utime(path)  # least recently used eviction goes by mtime
+            return executable
+    else:
+        reason = "bad header, length or checksum"
+    _stats["corrupt_entries"] += 1
+    _warn(f"compilation cache entry {path} is corrupt ({reason}); recompiling and replacing it")
+    return None
+
+
+def _verified(blob: bytes) -> bytes | None:
+    """The payload if the entry is whole and unaltered, else None."""
+    start = len(_MAGIC) + _HEADER.size
+    if len(blob) < start or not blob.startswith(_MAGIC):
+        return None
+    length, digest = _HEADER.unpack_from(blob, len(_MAGIC))
+    payload = blob[start:]
+    if len(payload) != length or hashlib.sha256(payload).digest() != digest:
+        return None
+    return payload
+
+
+def _store(key: str, compiled) -> None:
+    path = _path(key)
+    if path is None:
+        return
+    try:
+        payload, _, _ = serialize_executable.serialize(compiled)
+    except (ValueError, NotImplementedError):
+        _stats["unserializable"] += 1  # e.g. closed-over constants: stays in memory only
+        return
+    blob = _MAGIC + _HEADER.pack(len(payload), hashlib.sha256(payload).digest()) + payload
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=_SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, path)  # atomic: readers see the old entry or the new, never half
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as e:
+        _warn(f"cannot write compilation cache entry {path}: {e}")
+        return
+    _stats["disk_writes"] += 1
+    _account(len(blob))
+
+
+def _account(added: int) -> None:
+    """Keep the directory under its cap, evicting least recently used entries."""
+    global _disk_bytes
+    cap = max_bytes()
+    if _disk_bytes is None:
+        _disk_bytes = sum(size for _, _, size in _entries())
+    else:
+        _disk_bytes += added
+    if _disk_bytes <= cap:
+        return
+    entries = sorted(_entries(), key=lambda e: e[1])  # oldest mtime first
+    total = sum(size for _, _, size in entries)
+    for path, _, size in entries:
+        if total <= cap:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            _stats["evictions"] += 1
+        total -= size
+    _disk_bytes = total
+
+
+def _entries() -> list[tuple[Path, float, int]]:
+    root = directory()
+    if root is None or not root.is_dir():
+        return []
+    out = []
+    for path in root.glob("*/*" + _SUFFIX):
+        if path.name.startswith(".tmp-"):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            st = path.stat()
+            out.append((path, st.st_mtime, st.st_size))
+    return out
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+# ------------------------------------------------------------------ public
+
+
+def stats() -> dict:
+    """This process's cache counters, and what the directory holds now."""
+    entries = _entries()
+    root = directory()
+    return {
+        "directory": None if root is None else str(root),
+        "disk_entries": len(entries),
+        "disk_bytes": sum(size for _, _, size in entries),
+        "max_bytes": max_bytes(),
+        "memory_entries": len(_memory),
+        **{
+            k: _stats[k]
+            for k in (
+                "memory_hits",
+                "disk_hits",
+                "disk_misses",
+                "disk_writes",
+                "corrupt_entries",
+                "evictions",
+                "unserializable",
+            )
+        },
+    }
+
+
+def on_clear(hook: Callable[[], None]) -> None:
+    """Register an in-memory lookup table of executables (the executor's per-op table,
+    fused segments') that clear() and a change of compiler options must empty."""
+    _clear_hooks.append(hook)
+
+
+def _forget_lookups() -> None:
+    for hook in _clear_hooks:
+        hook()
+
+
+def clear(disk: bool = True) -> int:
+    """Forget every executable in memory and, with disk=True, delete the disk entries.
+    Returns the number of disk entries deleted."""
+    global _disk_bytes
+    _memory.clear()
+    _forget_lookups()
+    removed = 0
+    if disk:
+        for path, _, _ in _entries():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+        _disk_bytes = None
+    return removed
