@@ -18,8 +18,10 @@ def run(out: str, limit: int | None, only: list[str] | None, known: str | None) 
     report.write(results, inventory.native_ops(), seconds, Path(out))
     totals = report.totals(results)
     if known:
-        failing = report.known_failures(results)
-        Path(known).write_text(json.dumps(failing, indent=1, sort_keys=True) + "\n")
+        path = Path(known)
+        previous = json.loads(path.read_text()) if path.exists() else {}
+        failing = report.known_failures(results, previous)
+        path.write_text(json.dumps(failing, indent=1, sort_keys=True) + "\n")
         print(f"wrote {len(failing)} known failures to {known}")
     print(f"wrote {out}/opinfo_report.md and .json in {seconds:.0f} s: {totals}")
     return 0

@@ -104,15 +104,30 @@ def write(results: dict, native_ops: dict, seconds: float, directory: Path) -> N
     (directory / "opinfo_report.md").write_text("\n".join(lines) + "\n")
 
 
-def known_failures(results: dict) -> dict[str, str]:
-    """Every cell that does not pass, with the observed reason: the data behind
-    tests/opinfo_known_failures.json (regenerated from a sweep, never hand-edited)."""
-    failing = {}
+def known_failures(results: dict, previous: dict[str, str] | None = None) -> dict[str, str]:
+    """Every cell that does not pass, with its reason: the data behind
+    tests/opinfo_known_failures.json (regenerated from a sweep, never hand-edited).
+
+    A cell already listed keeps its written reason (the analysis behind it outlives
+    one sweep); a new one gets the observed failure. Cells that now pass are dropped.
+    Entries for one eager mode ("fused:entry|cell") are kept: the sweep runs strict;
+    so are entries the sweep did not run (`--only`).
+    """
+    previous = previous or {}
+    failing = {
+        k: v
+        for k, v in previous.items()
+        if ":" in k.split("|")[0] or k.split("|")[0] not in results
+    }
     for name, row in sorted(results.items()):
         for cell, outcome in row.items():
             if outcome["status"] in ("passed", "skipped"):
                 continue
+            key = f"{name}|{cell}"
+            if key in previous:
+                failing[key] = previous[key]
+                continue
             fallbacks = sorted(outcome["fallback_ops"])
             reason = outcome["message"] or f"falls back to the CPU: {fallbacks}"
-            failing[f"{name}|{cell}"] = f"{outcome['status']}: {reason}"
-    return failing
+            failing[key] = f"{outcome['status']}: {reason}"
+    return dict(sorted(failing.items()))
