@@ -133,7 +133,9 @@ def compile(
     """
     options = dict(_options)
     lowered = jax.jit(fn).lower(*example_args)
-    key = _key(lowered.as_text(), options)
+    # the argument avals and result tree too: the HLO omits unused arguments, and equal
+    # HLO may take its arguments in another structure
+    key = _key(f"{lowered.in_avals}\n{lowered.out_tree}\n{lowered.as_text()}", options)
     executable = _memory.get(key)
     if executable is not None:
         _stats["memory_hits"] += 1
