@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -76,8 +77,11 @@ def _sum(out):
 @pytest.fixture(scope="session", autouse=True)
 def _private_compilation_cache(tmp_path_factory):
     """The suite compiles into its own fresh cache directory: results never depend on
-    what an earlier run left in the user's cache, and the user's cache is not filled."""
-    torch_tpu.cache.set_directory(tmp_path_factory.mktemp("compilation_cache"))
+    what an earlier run left in the user's cache, and the user's cache is not filled.
+    Subprocesses the tests start share it through the environment."""
+    root = tmp_path_factory.mktemp("compilation_cache")
+    os.environ["TORCH_TPU_CACHE_DIR"] = str(root)
+    torch_tpu.cache.set_directory(root)
 
 
 @pytest.fixture(autouse=True)

@@ -38,12 +38,16 @@ def init() -> None:
     global _initialised
     if _initialised:
         return
-    device.register()
-    from . import platform
+    from . import distributed, platform
 
-    jax.config.update("jax_default_device", platform.device())
+    device.register()  # JAX's backend starts on first use, not here (tpu_dist comes first)
+    jax.config.update("jax_default_device", platform.forced())  # exact device set at start
     kernels.register_all()
+    distributed.register()
     _initialised = True
+    from .compile import install as install_compile  # `tpu` registers at first torch.compile
+
+    install_compile()
 
 
 init()

@@ -16,6 +16,7 @@ import jax
 import torch
 
 from . import platform, rng
+from .compile import options as compiler  # noqa: F401  (torch.tpu.compiler.custom_compiler_options)
 from .engine import fallback, fuse, modes
 from .engine.modes import EagerMode, set_eager_mode  # noqa: F401  (public names)
 

@@ -124,14 +124,16 @@ def compile(
     kind: str,
     name: str,
     signature: list[tuple] | None = None,
+    options: dict | None = None,
 ) -> Callable:
     """An executable for fn at the avals of example_args, from memory, disk or XLA.
 
     kind ("op", "segment", "graph", ...) and name (stable for the same code) say what
     is compiled, for metrics and recompile diagnostics; signature lists the inputs
-    as (name, shape, dtype) so that a recompile can say which one changed.
+    as (name, shape, dtype) so that a recompile can say which one changed. options are
+    XLA compiler options for this executable, on top of any `compiler_options` block.
     """
-    options = dict(_options)
+    options = {**_options, **(options or {})}
     lowered = jax.jit(fn).lower(*example_args)
     # the argument avals and result tree too: the HLO omits unused arguments, and equal
     # HLO may take its arguments in another structure
@@ -159,12 +161,15 @@ def compile(
 
 
 def _key(text: str, options: dict) -> str:
+    """The entry's name. Serialized executables are bound to their devices, so in a
+    multi-process job each process (its index, the job size, its device ids) keys its own."""
     devices = platform.devices()
     h = hashlib.sha256()
     for part in (
         _RUNTIME,
         platform.platform(),
         devices[0].device_kind,
+        (jax.process_index(), jax.process_count(), tuple(d.id for d in devices)),
         repr(sorted(options.items())),
         text,
     ):

@@ -28,7 +28,8 @@ def register() -> None:
     """Rename PrivateUse1 to tpu and install torch.tpu (once per process)."""
     if torch._C._get_privateuse1_backend_name() == "tpu":
         return
-    platform.platform()  # fail early, with a clear message, on a bad TORCH_TPU_PLATFORM
+    # fail early, with a clear message, on a bad TORCH_TPU_PLATFORM (without starting JAX)
+    platform.forced()
     _setup_privateuseone_for_python_backend(
         rename="tpu", backend_module=api, hook=_Hooks(), device_guard=_DeviceGuard()
     )

@@ -1,4 +1,9 @@
-"""Which XLA platform backs the tpu device: the TPU if JAX sees one, else a GPU, else XLA:CPU."""
+"""Which XLA platform backs the tpu device: the TPU if JAX sees one, else a GPU, else XLA:CPU.
+
+JAX's backend is started lazily, on the first use of a device, not when
+torch_tpu is imported: `jax.distributed.initialize` (run by
+`dist.init_process_group("tpu_dist")`) must come before it.
+"""
 
 from __future__ import annotations
 
@@ -14,21 +19,26 @@ class PlatformUnavailableError(RuntimeError):
     """TORCH_TPU_PLATFORM names a platform JAX cannot reach on this machine."""
 
 
+def forced() -> str | None:
+    """The platform TORCH_TPU_PLATFORM names (spelling checked), or None."""
+    name = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
+    if not name:
+        return None
+    if name not in _ALIASES:
+        raise PlatformUnavailableError(f"TORCH_TPU_PLATFORM={name!r} is not one of cpu, gpu, tpu")
+    return _ALIASES[name]
+
+
 @functools.cache
 def platform() -> str:
     """The XLA platform name ('tpu', 'gpu' or 'cpu'), chosen once per process."""
-    forced = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
-    if forced:
-        if forced not in _ALIASES:
-            raise PlatformUnavailableError(
-                f"TORCH_TPU_PLATFORM={forced!r} is not one of cpu, gpu, tpu"
-            )
-        name = _ALIASES[forced]
+    name = forced()
+    if name:
         try:
             jax.devices(name)
         except RuntimeError as e:
             raise PlatformUnavailableError(
-                f"TORCH_TPU_PLATFORM={forced} but JAX finds no {name} device here: {e}"
+                f"TORCH_TPU_PLATFORM={name} but JAX finds no {name} device here: {e}"
             ) from None
         return name
     for name in ("tpu", "gpu"):
@@ -40,9 +50,27 @@ def platform() -> str:
     return "cpu"
 
 
+def backend_started() -> bool:
+    """Whether JAX's backend is up (after which jax.distributed cannot initialise)."""
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
 @functools.cache
 def devices() -> tuple[jax.Device, ...]:
-    return tuple(jax.devices(platform()))
+    """This process's devices of the platform (starts JAX's backend). Local ones: in a
+    multi-process job jax.devices() also lists the other processes' devices."""
+    found = tuple(jax.local_devices(backend=platform()))
+    jax.config.update("jax_default_device", found[0])
+    return found
+
+
+def restart() -> None:
+    """Forget the started backend's devices (after jax.extend.backend.clear_backends)."""
+    platform.cache_clear()
+    devices.cache_clear()
+    jax.config.update("jax_default_device", forced())
 
 
 def device(index: int = 0) -> jax.Device:

@@ -393,7 +393,10 @@ def put(self, index, source, accumulate=False):
 
 # ---------------------------------------------------------------------- unique
 
-_EMPTY = jnp.zeros((0,), jnp.int64)
+def _empty_index() -> jax.Array:
+    """An empty int64 result; made per call, as a module constant would start JAX's
+    backend at import (before tpu_dist can initialise jax.distributed)."""
+    return jnp.zeros((0,), jnp.int64)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -417,15 +420,19 @@ def _unique(self, dim, sort: bool, return_inverse: bool, return_counts: bool):
     moved = self.reshape(-1) if dim is None else jnp.moveaxis(self, dim, 0)
     n = moved.shape[0]
     if n == 0:
-        inverse = _EMPTY.reshape(self.shape) if dim is None else _EMPTY
-        return self.reshape(-1) if dim is None else self, inverse, _EMPTY
+        inverse = _empty_index().reshape(self.shape) if dim is None else _empty_index()
+        return self.reshape(-1) if dim is None else self, inverse, _empty_index()
     firsts, inverse, counts, runs = _runs(moved.reshape(n, -1), sort)
     k = int(runs)
     values = firsts[:k].reshape((k,) + moved.shape[1:])
     if dim is not None:
         values = jnp.moveaxis(values, 0, dim)
     inverse = inverse.reshape(self.shape) if dim is None else inverse
-    return values, inverse if return_inverse else _EMPTY, counts[:k] if return_counts else _EMPTY
+    return (
+        values,
+        inverse if return_inverse else _empty_index(),
+        counts[:k] if return_counts else _empty_index(),
+    )
 
 
 @lower("_unique2.default", dynamic_shape=True)

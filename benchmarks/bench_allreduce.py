@@ -1,0 +1,84 @@
+"""all_reduce bandwidth: tpu_dist (XLA collectives on tpu tensors) next to PyTorch's gloo
+on CPU tensors, 2 processes, 1 MB to 256 MB float32. Ratios from one run.
+
+    python benchmarks/bench_allreduce.py        # launches its 2 processes with torchrun
+
+Algorithm bandwidth = bytes of the tensor / time of one synchronous all_reduce
+(the best of a few repetitions; both backends are timed in the same processes,
+alternating, so a busy machine affects both alike).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+SIZES_MB = (1, 4, 16, 64, 256)
+REPEATS = 5
+
+
+def _best(fn, barrier) -> float:
+    fn()  # compile / warm up
+    times = []
+    for _ in range(REPEATS):
+        barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def bench() -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(backend="tpu_dist")
+    gloo = dist.new_group(backend="gloo")
+    rank = dist.get_rank()
+
+    def barrier():
+        dist.barrier(group=gloo)
+
+    if rank == 0:
+        print(f"{'size':>7} {'tpu_dist GB/s':>14} {'gloo GB/s':>10} {'tpu_dist/gloo':>14}")
+    for mb in SIZES_MB:
+        n = mb * 2**20 // 4
+        on_tpu = torch.ones(n, device="tpu")
+        on_cpu = torch.ones(n)
+
+        def tpu_step(t=on_tpu):
+            dist.all_reduce(t)
+            torch.tpu.synchronize()
+
+        tpu_s = _best(tpu_step, barrier)
+        gloo_s = _best(lambda t=on_cpu: dist.all_reduce(t, group=gloo), barrier)
+        if rank == 0:
+            gb = mb / 1024
+            print(
+                f"{mb:>5}MB {gb / tpu_s:>14.2f} {gb / gloo_s:>10.2f} {gloo_s / tpu_s:>14.2f}",
+                flush=True,
+            )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if "RANK" in os.environ:
+        bench()
+    else:
+        env = {**os.environ, "TORCH_TPU_PLATFORM": os.environ.get("TORCH_TPU_PLATFORM", "cpu")}
+        sys.exit(
+            subprocess.call(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    __file__,
+                ],
+                env=env,
+            )
+        )

@@ -1,0 +1,248 @@
+"""The Dynamo backend `tpu`, and torch.compile's routing of tpu graphs.
+
+`tpu` hands each Dynamo graph to AOTAutograd, which functionalizes it and
+splits forward from backward; each ATen graph becomes one `CompiledGraph`
+(one XLA executable per input layout, from `torch_tpu.cache`). Input
+mutations (BatchNorm running statistics, in-place ops on inputs) come back
+from the graph as extra outputs and AOTAutograd's runtime wrapper copies
+them into the real tensors with eager `copy_`.
+
+Routing: torch.compile's default backend becomes `tpu_or_inductor` (through
+`torch.compiler.set_default_backend`, unless the user chose another
+default), which sends graphs on tpu tensors to `tpu` and the rest to
+Inductor as before; an explicit `backend="inductor"` on tpu tensors raises
+an error that suggests `tpu`.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from .. import metrics
+from . import interpret
+from .runtime import CompiledGraph
+
+DEVICE_TYPE = "tpu"
+
+
+@functools.cache
+def decompositions() -> dict:
+    """PyTorch's decompositions (the table eager uses for backend ops without a
+    lowering) for every op the interpreter has no rule for: ops with a lowering,
+    views and the special rules stay whole, so the graph runs eager's lowerings."""
+    from torch._decomp import decomposition_table
+
+    table = {}
+    for op, decomposition in decomposition_table.items():
+        if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or op.is_view:
+            continue
+        name = interpret.op_name(op)
+        if name in interpret.SPECIAL or name in interpret.RANDOM_FACTORIES:
+            continue
+        if interpret.find_lowering(op) is None:
+            table[op] = decomposition
+    return table
+
+
+# ------------------------------------------------------------------ naming
+
+
+def graph_name(gm: torch.fx.GraphModule) -> str:
+    """A name stable for the same code across Dynamo recompiles ("f:12#0"): the frame's
+    function and first line, Dynamo's id for the code object, and the graph's index
+    within one compile of it. Recompile diagnostics group compiles by this name."""
+    compile_id = gm.meta.get("dynamo_compile_id")
+    frame = getattr(compile_id, "frame_id", None)
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+    except Exception:  # called outside Dynamo tracing (a direct backend call)
+        return "graph" if frame is None else f"graph#{frame}"
+    code = tx.f_code
+    index = getattr(tx.output, "_torch_tpu_graphs", 0)
+    tx.output._torch_tpu_graphs = index + 1
+    name = f"{code.co_name}:{code.co_firstlineno}#{frame}"
+    return name if index == 0 else f"{name}.{index}"
+
+
+# --------------------------------------------------------------- the backend
+
+
+def uses_tpu(gm: torch.fx.GraphModule, example_inputs) -> bool:
+    """True when the graph takes or makes tpu tensors."""
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type == DEVICE_TYPE:
+            return True
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.Tensor) and value.device.type == DEVICE_TYPE:
+            return True
+    return False
+
+
+def _is_dynamic(example_inputs) -> bool:
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            return True
+        if isinstance(x, torch.Tensor) and any(
+            not isinstance(s, int) for s in (*x.shape, *x.stride())
+        ):
+            return True
+    return False
+
+
+def tpu(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options=None):
+    """The `tpu` Dynamo backend. `options` (torch.compile's) are XLA compiler options
+    for this model's compiles; `mode` has no meaning for XLA and is ignored."""
+    if not uses_tpu(gm, example_inputs):
+        warnings.warn(
+            "torch.compile(backend='tpu') got a graph without tpu tensors; it runs eagerly. "
+            "Move the model and inputs to 'tpu'.",
+            stacklevel=2,
+        )
+        return gm.forward
+    name = graph_name(gm)
+    input_names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    if _is_dynamic(example_inputs):
+        return _Specialising(gm, name, input_names, options)
+    return _aot(name, input_names, options)(gm, example_inputs)
+
+
+def _aot(name: str, input_names: list[str], options):
+    def compiler(suffix: str, names: list[str] | None):
+        def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+            return _compile_graph(gm, f"{name}.{suffix}", names, options)
+
+        return compile_graph
+
+    return aot_autograd(
+        fw_compiler=compiler("forward", input_names),
+        bw_compiler=compiler("backward", None),
+        inference_compiler=compiler("inference", input_names),
+        decompositions=decompositions(),
+        # input mutations of inference graphs (optimizer steps) stay in the graph: the
+        # runtime writes them into the inputs' storages, no eager copy_ per tensor
+        keep_inference_input_mutations=True,
+    )
+
+
+def _compile_graph(gm: torch.fx.GraphModule, name: str, names, options):
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if names is not None and len(names) != len(placeholders):
+        names = None  # AOTAutograd added or merged inputs: keep its own names
+    try:
+        interpret.check_supported(gm.graph)
+        for node in placeholders:  # tensors, or sizes (ints, no fake value) once specialised
+            value = node.meta.get("val")
+            if value is not None and not isinstance(value, (torch.Tensor, int)):
+                raise interpret.Unsupported(f"input {node.name} of type {type(value).__name__}")
+    except interpret.Unsupported as e:
+        warnings.warn(
+            f"torch_tpu: compiled graph {name!r} runs op by op in tpu eager: "
+            f"no tpu lowering for {e}",
+            stacklevel=2,
+        )
+        metrics.count("compiled_graphs_run_eagerly")
+        return make_boxed_func(gm.forward)
+    return CompiledGraph(gm, name, names, options)
+
+
+class _Specialising:
+    """A graph Dynamo made dynamic (automatic dynamic shapes after a recompile, or
+    dynamic=True). XLA compiles static shapes, so each concrete input signature is
+    traced by AOTAutograd and compiled on its first call; the compiles share the
+    graph's name, so each is recorded as a recompile naming the input that changed."""
+
+    def __init__(self, gm, name: str, input_names: list[str], options) -> None:
+        self.gm, self.name, self.input_names, self.options = gm, name, input_names, options
+        self.compiled: dict = {}
+
+    def __call__(self, *args):
+        key = (torch.is_grad_enabled(),) + tuple(
+            (tuple(a.shape), a.stride(), a.dtype, a.requires_grad)
+            if isinstance(a, torch.Tensor)
+            else a
+            for a in args
+        )
+        fn = self.compiled.get(key)
+        if fn is None:
+            gm = torch.fx.GraphModule(self.gm, self.gm.graph)  # AOTAutograd may edit it
+            fn = self.compiled[key] = _aot(self.name, self.input_names, self.options)(
+                gm, list(args)
+            )
+        return fn(*args)
+
+
+# ----------------------------------------------------------------- routing
+
+
+def tpu_or_inductor(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
+    """torch.compile's default backend once torch_tpu is loaded: `tpu` for graphs on
+    tpu tensors, Inductor (with the same mode and options) for everything else."""
+    if uses_tpu(gm, example_inputs):
+        return tpu(gm, example_inputs, options=options)
+    return torch._TorchCompileInductorWrapper(mode, options, None)(gm, example_inputs)
+
+
+class InductorOnTpuError(RuntimeError):
+    """torch.compile(backend='inductor') was given tpu tensors."""
+
+
+def _refuse_tpu(call):
+    @functools.wraps(call)
+    def inductor_call(self, model_, inputs_):
+        if uses_tpu(model_, inputs_):
+            raise InductorOnTpuError(
+                "torch.compile(backend='inductor') cannot compile tpu tensors: Inductor "
+                "generates no code for the tpu device. Use torch.compile(model, backend='tpu') "
+                "(or leave backend unset: tpu graphs then use 'tpu')."
+            )
+        return call(self, model_, inputs_)
+
+    inductor_call._torch_tpu_guard = True
+    return inductor_call
+
+
+# Python that runs eager tpu ops: Dynamo must never trace into it. Between graphs (a
+# graph break, a frame Dynamo skips) eager ops call our kernels from the dispatcher
+# while Dynamo's frame hook is live, and it would try to compile those frames.
+# torch_tpu.training holds user-style models, which Dynamo must trace.
+_NOT_TRACED = ("jax", "jaxlib", "ml_dtypes", "opt_einsum")
+_TRACED_MODULES = ("training",)
+
+
+def _skip_our_internals() -> None:
+    from pathlib import Path
+
+    from torch._dynamo import trace_rules
+
+    import torch_tpu
+
+    root = Path(torch_tpu.__file__).parent
+    for path in sorted(root.rglob("*.py")):  # every module (engine/ has no __init__.py)
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[-1] != "__init__" and parts[0] not in _TRACED_MODULES:
+            trace_rules.add(".".join(("torch_tpu", *parts)))
+    for package in _NOT_TRACED:
+        trace_rules.add(package)
+
+
+def register() -> None:
+    """Register `tpu`, make it the default for tpu graphs, guard Inductor (idempotent)."""
+    from torch._dynamo.backends import registry
+
+    _skip_our_internals()
+
+    if "tpu" not in registry.list_backends(exclude_tags=()):
+        registry.register_backend(compiler_fn=tpu, name="tpu")
+    if registry.get_default_backend() == "inductor":
+        registry.set_default_backend(tpu_or_inductor)
+    wrapper = torch._TorchCompileInductorWrapper
+    if not getattr(wrapper.__call__, "_torch_tpu_guard", False):
+        wrapper.__call__ = _refuse_tpu(wrapper.__call__)

@@ -1,0 +1,378 @@
+"""An ATen FX graph (AOTAutograd's output) as one pure JAX function.
+
+Every op node runs the lowering eager uses (`ops.registry.LOWERINGS`), called
+as the strict executor calls it: arguments in schema order, a PRNG key first
+for random lowerings, each result cast to the dtype PyTorch's fake value
+says. View ops have no lowering in eager (their kernels only compute strides)
+and none here: a view reads its value from the storage of its chain root at
+the geometry its fake value records, as a strided tensor would. The few
+composite ops eager runs as allocation plus `copy_` get a small rule each.
+
+Graph inputs arrive as flat storage arrays and are read through the layout
+the runtime saw (`strided.read`), so no input costs a dispatch of its own.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import torch
+
+from .. import dtypes, rng, strided
+from ..engine.schema import Kind, parse
+from ..ops.registry import LOWERINGS, Lowering
+
+_SCHEMAS: dict = {}
+
+
+class Unsupported(Exception):
+    """The graph holds an op this interpreter cannot lower; the caller runs it eagerly."""
+
+
+def op_name(op: torch._ops.OpOverload) -> str:
+    """'add.Tensor' for aten.add.Tensor: the registry's key."""
+    return f"{op._schema.name.removeprefix('aten::')}.{op._overloadname}"
+
+
+def _schema(op):
+    schema = _SCHEMAS.get(op)
+    if schema is None:
+        schema = _SCHEMAS[op] = parse(op)
+    return schema
+
+
+def find_lowering(op) -> Lowering | None:
+    """The op's own lowering, or for a functional variant that functionalization made
+    of an in-place op (`uniform` of `uniform_`, `normal_functional` of `normal_`) the
+    in-place op's lowering: it already returns the new value rather than writing it."""
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return None
+    lowering = LOWERINGS.get(op_name(op))
+    if lowering is not None or op._schema.is_mutable:
+        return lowering
+    packet = op._schema.name.removeprefix("aten::").removesuffix("_functional")
+    inplace = getattr(torch.ops.aten, packet + "_", None)
+    if inplace is None:
+        return None
+    wanted = [(a.name, str(a.type)) for a in op._schema.arguments]
+    for overload in inplace.overloads():
+        candidate = LOWERINGS.get(f"{packet}_.{overload}")
+        if candidate is None or candidate.writes:
+            continue
+        args = getattr(inplace, overload)._schema.arguments
+        if [(a.name, str(a.type).replace("Tensor(a!)", "Tensor")) for a in args] == wanted:
+            return candidate
+    return None
+
+
+# ------------------------------------------------------------ special rules
+
+
+def _value_of(args, val):
+    return args[0]
+
+
+def _to_dtype(args, val):
+    return jnp.asarray(args[0]).astype(dtypes.TORCH_TO_JAX[val.dtype])
+
+
+def _copy(args, val):
+    return jnp.broadcast_to(jnp.asarray(args[1]), tuple(val.shape))
+
+
+def _allocate(args, val):
+    """Fresh memory PyTorch leaves undefined: zeros, as eager's unwritten storages read."""
+    return jnp.zeros(tuple(val.shape), dtypes.TORCH_TO_JAX[val.dtype])
+
+
+def _fill(args, val):
+    return jnp.full(tuple(val.shape), args[1], dtypes.TORCH_TO_JAX[val.dtype])
+
+
+def _scalar_tensor(args, val):
+    return jnp.asarray(args[0], dtypes.TORCH_TO_JAX[val.dtype])
+
+
+def _fma(args, val):
+    """Dynamo's own rewrite of addcmul_/addcdiv_ (Inductor's prims.fma): a * b + c."""
+    return args[0] * args[1] + args[2]
+
+
+def _arange(bounds: int):
+    """arange.default/start/start_step through eager's lowering of arange.start_out."""
+
+    def rule(args, val):
+        start, end, step = (0, *args[:1], 1) if bounds == 1 else (*args[:bounds], 1)[:3]
+        out = jnp.zeros(tuple(val.shape), dtypes.TORCH_TO_JAX[val.dtype])
+        return LOWERINGS["arange.start_out"].fn(start, end, step, out=out)
+
+    return rule
+
+
+# Composite ops that eager runs as an allocation followed by copy_/fill_: the value
+# they produce, given the bound arguments and PyTorch's fake result.
+SPECIAL: dict[str, Callable] = {
+    "clone.default": _value_of,
+    "lift_fresh_copy.default": _value_of,
+    "_to_copy.default": _to_dtype,
+    "copy.default": _copy,
+    "empty.memory_format": _allocate,
+    "empty_strided.default": _allocate,
+    "empty_like.default": _allocate,
+    "new_empty.default": _allocate,
+    "new_empty_strided.default": _allocate,
+    "full_like.default": _fill,
+    "scalar_tensor.default": _scalar_tensor,
+    "arange.default": _arange(1),
+    "arange.start": _arange(2),
+    "arange.start_step": _arange(3),
+    "prims::fma.default": _fma,
+}
+
+# Random factories eager runs as empty + an in-place random op: (in-place lowering,
+# its arguments after `self`).
+RANDOM_FACTORIES: dict[str, tuple[str, tuple]] = {
+    "rand.default": ("uniform_.default", (0.0, 1.0, None)),
+    "rand_like.default": ("uniform_.default", (0.0, 1.0, None)),
+    "randn.default": ("normal_.default", (0.0, 1.0, None)),
+    "randn_like.default": ("normal_.default", (0.0, 1.0, None)),
+}
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    name = op_name(node.target)
+    if name in RANDOM_FACTORIES:
+        return True
+    lowering = find_lowering(node.target)
+    return lowering is not None and lowering.random
+
+
+def check_supported(graph: torch.fx.Graph) -> None:
+    """Raise Unsupported naming every op with no lowering, view rule or special rule."""
+    missing = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        op = node.target
+        if not isinstance(op, torch._ops.OpOverload):
+            missing.add(str(op))
+            continue
+        if op.is_view or op_name(op) in SPECIAL or op_name(op) in RANDOM_FACTORIES:
+            continue
+        if op is _COPY_ and node.args[0].op in ("placeholder", "get_attr"):
+            continue  # an input mutation: written back by the runtime
+        lowering = find_lowering(op)
+        if lowering is None or lowering.writes or lowering.dynamic_shape is True:
+            missing.add(str(op))
+    if missing:
+        raise Unsupported(", ".join(sorted(missing)))
+
+
+# -------------------------------------------------------------- the program
+
+
+def input_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The nodes whose values the runtime passes in, in argument order: the graph's
+    inputs, then tensor constants (passed rather than baked in, so executables stay
+    serialisable for the disk cache)."""
+    return [n for n in graph.nodes if n.op == "placeholder"] + [
+        n for n in graph.nodes if n.op == "get_attr"
+    ]
+
+
+_COPY_ = torch.ops.aten.copy_.default
+
+
+def input_writes(graph: torch.fx.Graph) -> list[tuple[int, torch.fx.Node]]:
+    """(input index, new value node) per `copy_` into a graph input: the input mutations
+    AOTAutograd keeps in inference graphs (an optimizer step's parameter updates)."""
+    index = {node: k for k, node in enumerate(input_nodes(graph))}
+    return [
+        (index[n.args[0]], n.args[1])
+        for n in graph.nodes
+        if n.op == "call_function" and n.target is _COPY_ and n.args[0] in index
+    ]
+
+
+def build(
+    graph: torch.fx.Graph,
+    layouts: tuple,
+    value_nodes: tuple[torch.fx.Node, ...],
+    random_nodes: tuple[torch.fx.Node, ...],
+    written_slots: tuple[int, ...],
+) -> Callable:
+    """The pure function (flat storage arrays..., [seed, counter]) -> (flat storage arrays
+    of value_nodes, each laid out with `output_strides`; new flat arrays of the storages
+    in written_slots). layouts gives, per input node, (storage slot, View) for a tensor
+    or the int an integer input (a size, after specialising a dynamic graph) is fixed to.
+    Inputs sharing a storage share a slot, so writes into them compose."""
+    inputs = input_nodes(graph)
+    random_index = {node: k for k, node in enumerate(random_nodes)}
+    n_slots = 1 + max((x[0] for x in layouts if isinstance(x, tuple)), default=-1)
+    writes = input_writes(graph)
+    write_nodes = {n for n in graph.nodes if n.op == "call_function" and n.target is _COPY_}
+
+    def program(*args):
+        env: dict = {}
+        storages: dict = {}
+        flats = list(args[:n_slots])
+        for node, layout in zip(inputs, layouts):
+            is_tensor = isinstance(layout, tuple)
+            env[node] = strided.read(flats[layout[0]], layout[1]) if is_tensor else layout
+        key_inputs = args[n_slots:]
+        for node in graph.nodes:
+            if node.op != "call_function" or node in write_nodes:
+                continue
+            key = None
+            if node in random_index:
+                seed, counter = key_inputs
+                key = rng.make_key(seed, counter + random_index[node])
+            env[node] = _run_node(node, env, storages, key)
+        for k, value in writes:
+            slot, view = layouts[k]
+            flats[slot] = strided.write(flats[slot], view, jnp.asarray(env[value]))
+        values = tuple(_store(env[n], n.meta["val"]) for n in value_nodes)
+        return values, tuple(flats[slot] for slot in written_slots)
+
+    return program
+
+
+def _run_node(node: torch.fx.Node, env: dict, storages: dict, key):
+    op = node.target
+    if op is operator.getitem:
+        return env[node.args[0]][node.args[1]]
+    if op.is_view:
+        return _view(node, env, storages)
+    schema = _schema(op)
+    values = schema.bind(tuple(node.args), dict(node.kwargs))
+    args = [_argument(kind, v, env) for kind, v in zip((a.kind for a in schema.args), values)]
+    val = node.meta["val"]
+    name = op_name(op)
+    special = SPECIAL.get(name)
+    if special is not None:
+        return _cast(special(args, val), val, name)
+    if name in RANDOM_FACTORIES:
+        inplace, rest = RANDOM_FACTORIES[name]
+        empty = jnp.zeros(tuple(val.shape), dtypes.TORCH_TO_JAX[val.dtype])
+        return _cast(LOWERINGS[inplace].fn(key, empty, *rest), val, name)
+    lowering = find_lowering(op)
+    extra = {}
+    if lowering.contiguity:
+        extra["contiguous"] = tuple(
+            strided.is_contiguous(tuple(v.meta["val"].shape), v.meta["val"].stride())
+            for a, v in zip(schema.args, values)
+            if a.kind in (Kind.TENSOR, Kind.OPT_TENSOR) and isinstance(v, torch.fx.Node)
+        )
+    if lowering.random:
+        args.insert(0, key)
+    outputs = lowering.fn(*args, **extra)
+    if len(schema.return_aliases) == 1:
+        return _cast(outputs, val, name)
+    return tuple(_cast(o, v, name) for o, v in zip(outputs, val))
+
+
+def _argument(kind: Kind, value, env: dict):
+    if isinstance(value, torch.fx.Node):
+        return env[value]
+    if isinstance(value, (list, tuple)):
+        items = [_argument(kind, v, env) for v in value]
+        return items if kind in (Kind.TENSOR_LIST, Kind.INDEX_LIST) else tuple(items)
+    if isinstance(value, torch.Generator):
+        return None  # tpu randomness comes from torch_tpu.rng, as in eager
+    return value
+
+
+def _cast(out, val, name: str):
+    """A result as PyTorch's dtype, after checking the lowering gave PyTorch's shape."""
+    if val is None:
+        return None
+    if isinstance(val, (list, tuple)):
+        return [_cast(o, v, name) for o, v in zip(out, val)]
+    out = jnp.asarray(out)
+    if tuple(out.shape) != tuple(val.shape):
+        raise RuntimeError(
+            f"tpu lowering of aten::{name} produced shape {tuple(out.shape)}, "
+            f"PyTorch expects {tuple(val.shape)}"
+        )
+    return out.astype(dtypes.TORCH_TO_JAX[val.dtype])
+
+
+# -------------------------------------------------------------------- views
+
+
+def _view(node: torch.fx.Node, env: dict, storages: dict):
+    """A view's value: its chain root laid into a storage at the root's geometry, read
+    back at the view's geometry (slice/reshape/transpose for regular views)."""
+    root = node
+    while root.op == "call_function" and getattr(root.target, "is_view", False):
+        root = root.args[0]
+    storage, root_view = storages.get(root, (None, None))
+    if storage is None:
+        root_val = root.meta["val"]
+        root_view = fake_view(root_val, storage_numel(root_val))
+        zeros = jnp.zeros((root_view.storage_numel,), root_view.storage_dtype)
+        storage = strided.write(zeros, root_view, env[root])
+        storages[root] = (storage, root_view)
+    val = node.meta["val"]
+    if isinstance(val, (list, tuple)):
+        return [_read(storage, root_view, v) for v in val]
+    return _read(storage, root_view, val)
+
+
+def _read(storage, root_view: strided.View, val):
+    view = strided.View(
+        tuple(val.shape),
+        tuple(val.stride()),
+        val.storage_offset(),
+        dtypes.TORCH_TO_JAX[val.dtype],
+        root_view.storage_numel,
+        root_view.storage_dtype,
+    )
+    return strided.read(storage, view)
+
+
+def storage_numel(val: torch.Tensor) -> int:
+    """Elements of the storage behind a fake tensor, at least its own span."""
+    span = strided.storage_span(tuple(val.shape), tuple(val.stride()), val.storage_offset())
+    try:
+        size = val.untyped_storage().nbytes() // val.element_size()
+    except (NotImplementedError, RuntimeError):
+        size = 0
+    return max(size, span, 1)
+
+
+def fake_view(val: torch.Tensor, numel: int) -> strided.View:
+    jdtype = dtypes.TORCH_TO_JAX[val.dtype]
+    return strided.View(
+        tuple(val.shape), tuple(val.stride()), val.storage_offset(), jdtype, numel, jdtype
+    )
+
+
+# ------------------------------------------------------------------ outputs
+
+
+def output_strides(val: torch.Tensor) -> tuple[int, ...] | None:
+    """The strides a graph output is created with: its fake value's when they start at
+    offset 0 (AOTAutograd regenerates aliased outputs with as_strided on them), else
+    contiguous (None)."""
+    strides = tuple(val.stride())
+    shape = tuple(val.shape)
+    if val.storage_offset() != 0 or 0 in shape or strides == strided.contiguous_strides(shape):
+        return None
+    return strides
+
+
+def _store(value, val):
+    """value as the flat storage array of a fresh tensor with output_strides(val)."""
+    strides = output_strides(val)
+    if strides is None:
+        return value.reshape(-1)
+    shape = tuple(val.shape)
+    span = strided.storage_span(shape, strides, 0)
+    view = fake_view(val, span)
+    view = view._replace(offset=0)
+    return strided.write(jnp.zeros((span,), view.storage_dtype), view, value)

@@ -1,0 +1,165 @@
+"""Running one compiled ATen graph on tpu tensors.
+
+AOTAutograd calls a `CompiledGraph` with the graph's inputs (boxed: one list
+it may clear). Each input's flat storage array goes in as it is, and the
+executable reads it at the layout it has now, so an input costs no dispatch
+of its own; a new layout (strides, storage offset) compiles another
+executable. Every compile goes through `torch_tpu.cache` under the graph's
+stable name, so a recompile is recorded with the input that changed. Random
+ops draw consecutive (seed, counter) pairs from `torch_tpu.rng` per call.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .. import cache, metrics, rng
+from ..engine import executor, modes
+from ..tensor import new_tensor, storage_of, view_of
+from . import interpret
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every graph's executables, for cache.clear()
+
+
+def _clear_all() -> None:
+    """cache.clear() or a change of the ambient compiler options: every graph looks its
+    executable up again."""
+    for graph in _LIVE:
+        graph.executables.clear()
+
+
+cache.on_clear(_clear_all)
+
+
+class CompiledGraph:
+    """One ATen graph: call it with its inputs (a list), get its outputs as tpu tensors."""
+
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        name: str,
+        input_names: list[str] | None = None,
+        options: dict | None = None,
+    ) -> None:
+        # AOTAutograd passes one list we may clear (frees inputs early). An instance
+        # attribute: Dynamo's disable() wrapper copies __dict__, not class attributes.
+        self._boxed_call = True
+        self.graph = gm.graph
+        self.name = name
+        self.options = dict(options or {})
+        nodes = interpret.input_nodes(gm.graph)
+        self.n_placeholders = sum(1 for n in nodes if n.op == "placeholder")
+        self.constants = [operator.attrgetter(n.target)(gm) for n in nodes[self.n_placeholders :]]
+        for node, constant in zip(nodes[self.n_placeholders :], self.constants):
+            node.meta.setdefault("val", constant)
+        labels = (input_names or [n.name for n in nodes[: self.n_placeholders]]) + [
+            n.name for n in nodes[self.n_placeholders :]
+        ]
+        self.signature = [  # tensor inputs only: a size input changes with a tensor's shape
+            (label, tuple(n.meta["val"].shape), str(n.meta["val"].dtype))
+            for label, n in zip(labels, nodes)
+            if isinstance(n.meta.get("val"), torch.Tensor)
+        ]
+        self.random_nodes = tuple(n for n in gm.graph.nodes if interpret.is_random(n))
+        self.written_inputs = tuple(dict.fromkeys(k for k, _ in interpret.input_writes(gm.graph)))
+        self._plan(gm.graph, nodes)
+        self.executables: dict = {}
+        _LIVE.add(self)
+
+    def _plan(self, graph: torch.fx.Graph, inputs: list) -> None:
+        """Per graph output: ("const", value) for a non-tensor, ("input", k) for an input
+        returned as it is, or ("value", j) for the j-th distinct computed value."""
+        input_index = {node: k for k, node in enumerate(inputs)}
+        value_index: dict = {}
+        self.plan = []
+        for item in graph.output_node().args[0]:
+            if isinstance(item, torch.fx.Node) and item.target is torch.ops.aten.copy_.default:
+                item = item.args[0]  # copy_ returns the input it wrote into
+            if not isinstance(item, torch.fx.Node):
+                self.plan.append(("const", item))
+            elif item in input_index:
+                self.plan.append(("input", input_index[item]))
+            else:
+                j = value_index.setdefault(item, len(value_index))
+                self.plan.append(("value", j))
+        self.value_nodes = tuple(value_index)
+        self.out_meta = [
+            (tuple(v.shape), v.dtype, interpret.output_strides(v))
+            for v in (n.meta["val"] for n in self.value_nodes)
+        ]
+
+    def __call__(self, args: list) -> list:
+        tensors = list(args) + self.constants
+        args.clear()
+        storages, slots, layouts, host = [], {}, [], {}
+        for k, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                layouts.append(int(t))  # a size input: the executable is specialised on it
+                continue
+            if t.device.type != executor.DEVICE_TYPE:  # a CPU scalar (an optimizer's step)
+                host[k] = t
+                t = tensors[k] = executor.upload(t)
+            storage = storage_of(t)
+            slot = slots.setdefault(id(storage), len(storages))
+            if slot == len(storages):
+                storages.append(storage)
+            layouts.append((slot, view_of(t, storage)))
+        arrays = [s.array(f"compiled graph {self.name}") for s in storages]
+        if self.random_nodes:
+            seed, counter = rng.next_key_inputs()
+            for _ in range(len(self.random_nodes) - 1):
+                rng.next_key_inputs()
+            arrays += [jnp.asarray(seed, jnp.uint64), jnp.asarray(counter, jnp.uint64)]
+        layouts = tuple(layouts)
+        entry = self.executables.get(layouts)
+        if entry is None:
+            entry = self.executables[layouts] = self._compile(layouts, arrays)
+        executable, written_slots = entry
+        metrics.count("compiled_graph_calls")
+        flats, written = executable(*arrays)
+        if modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
+            jax.block_until_ready((flats, written))
+        for slot, value in zip(written_slots, written):
+            storages[slot].value = value
+        for k in self.written_inputs:
+            if k in host:
+                host[k].copy_(tensors[k])  # back to the CPU tensor the graph mutated
+            else:
+                torch.autograd.graph.increment_version(tensors[k])  # as an in-place op does
+        values = [
+            new_tensor(shape, dtype, flat, strides)
+            for (shape, dtype, strides), flat in zip(self.out_meta, flats)
+        ]
+        out = []
+        for tag, index in self.plan:
+            if tag == "value":
+                out.append(values[index])
+            elif tag == "input":
+                out.append(host.get(index, tensors[index]))
+            else:
+                out.append(index)
+        return out
+
+    def _compile(self, layouts: tuple, arrays: list) -> tuple:
+        """(executable, storage slots it writes) for this input layout."""
+        written_slots = tuple(dict.fromkeys(layouts[k][0] for k in self.written_inputs))
+        fn = interpret.build(
+            self.graph, layouts, self.value_nodes, self.random_nodes, written_slots
+        )
+        example = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays)
+        return self._cache_compile(fn, example), written_slots
+
+    def _cache_compile(self, fn, example: tuple):
+        return cache.compile(
+            fn,
+            example,
+            kind="graph",
+            name=self.name,
+            signature=self.signature,
+            options=self.options,
+        )

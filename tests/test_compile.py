@@ -1,0 +1,267 @@
+"""torch.compile on tpu: the `tpu` backend against eager tpu and PyTorch CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import to_cpu, to_tpu
+from torch import nn
+
+import torch_tpu
+from torch_tpu import metrics, training
+from torch_tpu.compile import backend
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from scratch: Dynamo's caches would otherwise carry graphs
+    (and their recompile counts) from one test to the next."""
+    torch._dynamo.reset()
+    metrics.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def graph_compiles() -> list:
+    return [e for e in metrics.compiles() if e.kind == "graph"]
+
+
+def _train(model_fn, device: str, steps: int, compiled: bool, optimizer: str = "sgd"):
+    """Losses of training model_fn() on its fixed batch (training._batch), as
+    training.train_losses does, with the model optionally compiled."""
+    torch.manual_seed(0)
+    model = model_fn().to(device)
+    forward = torch.compile(model) if compiled else model
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = training._batch(model_fn, 16)
+    x, y = x.to(device), y.to(device)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(forward(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+@pytest.mark.parametrize("model_fn", [training.mlp, training.cnn], ids=["mlp", "cnn"])
+def test_training_matches_eager_and_cpu(model_fn):
+    compiled, model = _train(model_fn, "tpu", 4, compiled=True)
+    eager, _ = _train(model_fn, "tpu", 4, compiled=False)
+    cpu, cpu_model = _train(model_fn, "cpu", 4, compiled=False)
+    assert compiled == pytest.approx(eager, rel=1e-5, abs=1e-6)
+    assert compiled == pytest.approx(cpu, rel=1e-4, abs=1e-5)
+    assert compiled[-1] < compiled[0]
+    # BatchNorm's running statistics are input mutations: they reach the real buffers
+    for (name, ours), (_, theirs) in zip(model.named_buffers(), cpu_model.named_buffers()):
+        torch.testing.assert_close(ours.cpu(), theirs, msg=name, atol=1e-5, rtol=1e-4)
+    names = {e.name.rsplit(".", 1)[1] for e in graph_compiles()}
+    assert names == {"forward", "backward"}  # one executable per graph, nothing fell back
+    assert "compiled_graphs_run_eagerly" not in metrics.snapshot()
+
+
+def test_tiny_gpt_training_matches_eager_and_cpu():
+    def losses(device, compiled):
+        model, step = training.gpt_step_fn("gpt_small", device)
+        if compiled:
+            model.compile()
+        return [step().item() for _ in range(3)]
+
+    compiled = losses("tpu", True)
+    assert compiled == pytest.approx(losses("tpu", False), rel=1e-5)
+    assert compiled == pytest.approx(losses("cpu", False), rel=1e-4)
+    assert compiled[-1] < compiled[0]
+    assert len(graph_compiles()) == 2  # forward and backward
+
+
+def test_compiled_optimizer_step_updates_parameters_and_state_in_place():
+    """AdamW's step is an inference graph that mutates its inputs (parameters, moments,
+    and the CPU step counters): the writes land in the real tensors."""
+
+    def run(device, compiled):
+        torch.manual_seed(0)
+        model = training.mlp(width=16, depth=2).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1, foreach=False)
+        step = torch.compile(lambda: opt.step()) if compiled else opt.step
+        x = torch.randn(8, 16).to(device)
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            step()
+        return model, opt
+
+    model, opt = run("tpu", True)
+    cpu_model, cpu_opt = run("cpu", False)
+    for ours, theirs in zip(model.parameters(), cpu_model.parameters()):
+        torch.testing.assert_close(ours.cpu(), theirs, atol=1e-5, rtol=1e-4)
+        state, cpu_state = opt.state[ours], cpu_opt.state[theirs]
+        assert state["step"].device.type == "cpu" and state["step"].item() == 3
+        torch.testing.assert_close(state["exp_avg_sq"].cpu(), cpu_state["exp_avg_sq"])
+
+
+def test_inference_under_no_grad():
+    torch.manual_seed(0)
+    model = training.cnn().eval()
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        expected, expected_again = model(x), model(x * 2)
+        compiled = torch.compile(model.to("tpu"))
+        out = compiled(x.to("tpu"))
+        again = compiled(x.to("tpu") * 2)
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(again.cpu(), expected_again, atol=1e-5, rtol=1e-4)
+    assert [e.name.rsplit(".", 1)[1] for e in graph_compiles()] == ["inference"]
+
+
+def test_in_place_on_inputs_is_applied_to_the_real_tensors():
+    def fn(x, y):
+        x.add_(1)
+        y[0].mul_(3)
+        return (x * y).sum(1)
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    tx, ty = to_tpu((x, y))
+    out = torch.compile(fn)(tx, ty)
+    expected = fn(x, y)
+    torch.testing.assert_close(out.cpu(), expected)
+    torch.testing.assert_close(tx.cpu(), x)
+    torch.testing.assert_close(ty.cpu(), y)
+
+
+def test_views_and_aliased_outputs():
+    def fn(x, w):
+        a = x.t() @ w  # transposed input
+        b = a[1:, ::2].unsqueeze(0).expand(2, -1, -1)  # slice, step, unsqueeze, expand
+        c = x.view(2, 4, 3).permute(2, 0, 1).select(1, 1)
+        d = torch.as_strided(x, (3, 3), (1, 3), 1)
+        return b * 2, c.sum() + d.sum(), a.t(), x[::2]  # last two alias a and the input
+
+    x, w = torch.randn(8, 3), torch.randn(8, 5)
+    expected = fn(x, w)
+    out = torch.compile(fn)(*to_tpu((x, w)))
+    for o, e in zip(out, expected):
+        assert o.shape == e.shape and o.stride() == e.stride()
+        torch.testing.assert_close(to_cpu(o), e, atol=1e-5, rtol=1e-5)
+
+
+def test_graph_break_runs_the_middle_in_tpu_eager():
+    def fn(x):
+        y = torch.tanh(x) * 2
+        torch._dynamo.graph_break()
+        z = y.nonzero().shape[0]  # between graphs: tpu eager
+        return y.exp() + z
+
+    x = torch.randn(5, 6)
+    out = torch.compile(fn)(to_tpu(x))
+    torch.testing.assert_close(out.cpu(), fn(x))
+    names = {e.name for e in graph_compiles()}
+    assert any(n.startswith("fn:") for n in names)  # the graph before the break
+    assert any(n.startswith("torch_dynamo_resume_in_fn") for n in names)  # and after it
+
+
+@pytest.mark.parametrize("dynamic", [False, None], ids=["static", "automatic"])
+def test_new_input_shape_recompiles_with_reason(dynamic):
+    offset = 0.125 if dynamic is False else 0.25  # programs no other test compiles
+
+    def fn(x, w):
+        return torch.relu(x @ w) + offset
+
+    compiled = torch.compile(fn, dynamic=dynamic)
+    w = torch.randn(16, 4)
+    for rows in (8, 8, 3):
+        x = torch.randn(rows, 16)
+        torch.testing.assert_close(compiled(*to_tpu((x, w))).cpu(), fn(x, w))
+    events = graph_compiles()
+    assert len(events) == 2  # the repeated shape did not compile again
+    assert events[0].name == events[1].name  # the same code
+    assert events[0].reason is None
+    assert "shape (8, 16) -> (3, 16)" in events[1].reason
+    assert "'l_x_'" in events[1].reason  # named as Dynamo names the input
+
+
+def test_random_ops_draw_new_numbers_per_call_and_follow_the_seed():
+    def fn(x):
+        return nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+    compiled = torch.compile(fn)
+    x = torch.ones(64, device="tpu")
+    torch.manual_seed(7)
+    first, second = compiled(x).cpu(), compiled(x).cpu()
+    torch.manual_seed(7)
+    repeat = compiled(x).cpu()
+    assert not torch.equal(first, second)
+    torch.testing.assert_close(first, repeat)
+    kept = first > 1  # dropout keeps with scale 2: kept elements are 2 + U(0, 1)
+    assert 10 < kept.sum() < 54 and ((first[~kept] >= 0) & (first[~kept] < 1)).all()
+
+
+def test_default_backend_routes_by_device(monkeypatch):
+    seen = []
+
+    def fake_inductor(self, gm, inputs):
+        seen.append([i.device.type for i in inputs if isinstance(i, torch.Tensor)])
+        return gm.forward
+
+    monkeypatch.setattr(torch._TorchCompileInductorWrapper, "__call__", fake_inductor)
+
+    def fn(x):
+        return x.sin() + 1
+
+    x = torch.randn(4)
+    torch.testing.assert_close(torch.compile(fn)(to_tpu(x)).cpu(), fn(x))
+    assert len(graph_compiles()) == 1 and not seen  # tpu graph: the tpu backend
+    torch._dynamo.reset()
+    torch.compile(fn)(x)
+    assert seen == [["cpu"]]  # cpu graph: Inductor, as without torch_tpu
+
+
+def test_inductor_on_tpu_tensors_suggests_tpu():
+    compiled = torch.compile(lambda x: x * 2, backend="inductor")
+    with pytest.raises(Exception, match="backend='tpu'") as info:
+        compiled(torch.ones(3, device="tpu"))
+    assert "Inductor generates no code for the tpu device" in str(info.value)
+
+
+def test_compiler_options_reach_the_compile():
+    def fn(x):
+        return torch.exp(x) * 3 - 0.375
+
+    x = torch.randn(32)
+    with torch.tpu.compiler.custom_compiler_options(xla_no_such_option=1):
+        with pytest.raises(Exception, match="xla_no_such_option"):
+            torch.compile(fn)(to_tpu(x))
+    torch._dynamo.reset()
+    with torch.tpu.compiler.custom_compiler_options(xla_cpu_enable_fast_math=False):
+        out = torch.compile(fn)(to_tpu(x))
+    torch.testing.assert_close(out.cpu(), fn(x))
+    torch._dynamo.reset()
+    torch.compile(fn)(to_tpu(x))  # same program, other options: another executable
+    assert len(graph_compiles()) == 2
+
+
+def test_torch_compile_options_are_xla_options():
+    compiled = torch.compile(lambda x: x + 0.625, backend="tpu", options={"xla_bogus": 1})
+    with pytest.raises(Exception, match="xla_bogus"):
+        compiled(torch.ones(2, device="tpu"))
+
+
+def test_dynamic_true_specialises_per_shape():
+    def fn(x):
+        return (x * x).sum(0) - 0.875
+
+    compiled = torch.compile(fn, dynamic=True)
+    for rows in (5, 7):
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(compiled(to_tpu(x)).cpu(), fn(x))
+    assert len(graph_compiles()) == 2
+
+
+def test_backend_is_registered_under_its_name():
+    torch.compile(lambda x: x)  # the first torch.compile registers the backend
+    assert "tpu" in torch._dynamo.list_backends()
+    assert torch.compiler.get_default_backend() is backend.tpu_or_inductor
+    assert torch_tpu.compile.custom_compiler_options is torch.tpu.compiler.custom_compiler_options

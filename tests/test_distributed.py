@@ -1,0 +1,198 @@
+"""tpu_dist: collectives, DDP and FSDP2 across processes on XLA:CPU over loopback.
+
+Each test launches its ranks once (tests/distributed_workers/worker.py) and the
+worker runs a scenario's checks, writing one result per check: importing torch and
+JAX costs seconds per process, so checks share launches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).parent / "distributed_workers" / "worker.py"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(
+    scenario: str, world: int, tmp_path, *, ranks=None, timeout_s=60, explicit=False, deadline=240
+) -> list[dict]:
+    """Run `scenario` on ranks 0..world-1 (or only `ranks`); each rank's results."""
+    port = _free_port()
+    out = tmp_path / scenario
+    procs = []
+    for rank in ranks if ranks is not None else range(world):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "TPU_DIST_TIMEOUT": str(timeout_s),
+            "TORCH_TPU_PLATFORM": "cpu",
+        }
+        if explicit:  # init_method, rank and world size passed to init_process_group
+            for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+                env[f"TPU_DIST_{name}"] = env.pop(name)
+            env["TPU_DIST_INIT"] = f"tcp://127.0.0.1:{port}"
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER), scenario, str(out)],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=deadline)[0] + f"\n[exit code {p.returncode}]")
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"{scenario}: ranks still running after {deadline}s") from None
+    for log in logs:  # ranks share the suite's cache directory, each under its own keys
+        assert "is corrupt" not in log, log[-3000:]
+    results = []
+    for rank, log in zip(ranks if ranks is not None else range(world), logs):
+        path = Path(f"{out}.{rank}")
+        if not path.exists():
+            results.append({"_log": log[-3000:]})
+            continue
+        data = json.loads(path.read_text())
+        data["_log"] = log[-3000:]
+        data["_exit"] = procs[len(results)].returncode
+        results.append(data)
+    return results
+
+
+def assert_ok(results: list[dict], names) -> None:
+    for rank, result in enumerate(results):
+        for name in names:
+            assert result.get(name) == "ok", (
+                f"rank {rank} {name}: {result.get(name, 'not run')}\n{result['_log']}"
+            )
+
+
+COLLECTIVES = [
+    *(f"all_reduce_{op}" for op in ("SUM", "AVG", "MAX", "MIN", "PRODUCT")),
+    *(f"all_reduce_torch.{t}" for t in ("int64", "bfloat16", "bool", "float64")),
+    "all_reduce_async_and_view",
+    "broadcast_bit_exact",
+    "broadcast_complex",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    *(f"reduce_scatter_tensor_{op}" for op in ("SUM", "AVG", "MAX")),
+    "all_to_all_single_even",
+    "all_to_all_single_uneven",
+    "all_to_all_list",
+    "gather",
+    "scatter",
+    "send_recv",
+    "barrier_and_objects",
+    "mismatched_shapes_raise_then_group_works",
+    "mismatched_dtypes_raise",
+    "wrong_device_raises",
+    "functional_collectives",
+    "dtensor",
+]
+
+
+def test_collectives_with_explicit_init_method(tmp_path):
+    """Every collective, sync and async, against CPU references; bad input errors."""
+    results = launch("collectives", 2, tmp_path, explicit=True)
+    assert_ok(results, COLLECTIVES)
+    assert all(r["_exit"] == 0 for r in results)
+
+
+def test_ddp_and_fsdp2_match_single_process_training(tmp_path):
+    """torchrun-style env init; DDP parameters (1e-5) and FSDP2 GPT losses step by step
+    against single-process training on the global batch, in strict and fused eager."""
+    results = launch("training", 2, tmp_path)
+    assert_ok(
+        results,
+        [
+            f"{kind}_matches_single_process_{mode}"
+            for kind in ("ddp", "fsdp2_gpt")
+            for mode in ("strict", "fused")
+        ],
+    )
+
+
+def test_subgroups_and_2d_device_mesh_on_four_ranks(tmp_path):
+    results = launch("mesh4", 4, tmp_path)
+    assert_ok(
+        results,
+        [
+            "new_group_all_reduce",
+            "new_group_broadcast_group_src",
+            "device_mesh_2x2",
+            "world_all_reduce_4",
+        ],
+    )
+
+
+@pytest.mark.parametrize("dying", [0, 1], ids=["coordinator_rank_dies", "other_rank_dies"])
+def test_a_rank_that_dies_gives_a_clear_error_not_an_abort(tmp_path, monkeypatch, dying):
+    monkeypatch.setenv("TPU_DIST_DYING_RANK", str(dying))
+    results = launch("dies", 2, tmp_path, explicit=True, timeout_s=20)
+    survivor = results[1 - dying]
+    assert_ok([survivor], ["peer_died"])
+    assert "peer process died" in survivor["peer_died_error"]
+    assert float(survivor["peer_died_seconds"]) < 20
+    assert survivor["_exit"] == 0, survivor["_log"]  # no LOG(FATAL) from JAX's client
+
+
+def test_a_rank_that_hangs_times_out_with_a_clear_error(tmp_path):
+    results = launch("hangs", 2, tmp_path, explicit=True, timeout_s=5)
+    assert_ok(results[:1], ["peer_hangs"])
+    assert "did not complete within the process group timeout" in results[0]["peer_hangs_error"]
+    assert 4 < float(results[0]["peer_hangs_seconds"]) < 15
+
+
+def test_a_rank_that_never_joins_fails_init_within_the_timeout(tmp_path):
+    results = launch("never_joins", 2, tmp_path, ranks=[0], explicit=True, timeout_s=5)
+    assert_ok(results, ["never_joins"])
+    assert float(results[0]["never_joins_seconds"]) < 15, results[0]["never_joins_error"]
+
+
+@pytest.mark.slow  # reason: torchrun's agent plus two training processes, ~40 s here
+def test_ddp_example_under_torchrun():
+    env = {**os.environ, "TORCH_TPU_PLATFORM": "cpu", "TORCH_TPU_PERSISTENT_CACHE": "0"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(REPO / "examples" / "ddp_train.py"),
+            "--steps",
+            "5",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "matches single-process training" in done.stdout, done.stdout[-3000:]
