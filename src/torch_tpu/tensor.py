@@ -76,17 +76,32 @@ class Storage:
         return value
 
 
-_ZEROS: dict = {}
+_ZEROS: dict = {}  # (numel, dtype) -> the zeros executable
+_SHARED_ZEROS: dict = {}  # (numel, dtype) -> one zeros array, for small storages
+_SHARED_ZEROS_MAX = 1 << 16  # elements: sharing bigger arrays would pin their memory
 cache.on_clear(_ZEROS.clear)
+cache.on_clear(_SHARED_ZEROS.clear)
 
 
 def _zeros(numel, dtype):
-    make = _ZEROS.get((numel, dtype))
+    """The value of a storage never written. Small ones share one array per size (JAX
+    arrays are immutable and writes replace a storage's array): running the zeros
+    executable per allocation would cost about as much as the op that fills it."""
+    key = (numel, dtype)
+    shared = _SHARED_ZEROS.get(key)
+    if shared is not None:
+        return shared
+    make = _ZEROS.get(key)
     if make is None:
-        make = _ZEROS[(numel, dtype)] = cache.compile(
+        make = _ZEROS[key] = cache.compile(
             lambda: jnp.zeros((numel,), dtype), (), kind="op", name="zeros"
         )
-    return make()
+    value = make()
+    if numel <= _SHARED_ZEROS_MAX:
+        if len(_SHARED_ZEROS) > 1024:
+            _SHARED_ZEROS.clear()
+        _SHARED_ZEROS[key] = value
+    return value
 
 
 def new_tensor(

@@ -87,6 +87,13 @@ def _training() -> None:
     training_checks.run(check, RANK, WORLD)
 
 
+def _compile() -> None:
+    import compile_checks
+
+    init()
+    compile_checks.run(check, RANK, WORLD)
+
+
 def _mesh4() -> None:
     import collective_checks
 
@@ -153,6 +160,7 @@ def _never_joins() -> None:
 SCENARIOS = {
     "collectives": _collectives,
     "training": _training,
+    "compile": _compile,
     "mesh4": _mesh4,
     "dies": _dies,
     "hangs": _hangs,

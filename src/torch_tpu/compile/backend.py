@@ -5,7 +5,9 @@ splits forward from backward; each ATen graph becomes one `CompiledGraph`
 (one XLA executable per input layout, from `torch_tpu.cache`). Input
 mutations (BatchNorm running statistics, in-place ops on inputs) come back
 from the graph as extra outputs and AOTAutograd's runtime wrapper copies
-them into the real tensors with eager `copy_`.
+them into the real tensors with eager `copy_`. A graph with functional
+collectives becomes compiled segments with the collectives between them
+(`split.py`).
 
 Routing: torch.compile's default backend becomes `tpu_or_inductor` (through
 `torch.compiler.set_default_backend`, unless the user chose another
@@ -24,7 +26,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .. import metrics
-from . import interpret
+from . import interpret, split
 from .runtime import CompiledGraph
 
 DEVICE_TYPE = "tpu"
@@ -137,11 +139,13 @@ def _compile_graph(gm: torch.fx.GraphModule, name: str, names, options):
     if names is not None and len(names) != len(placeholders):
         names = None  # AOTAutograd added or merged inputs: keep its own names
     try:
-        interpret.check_supported(gm.graph)
         for node in placeholders:  # tensors, or sizes (ints, no fake value) once specialised
             value = node.meta.get("val")
             if value is not None and not isinstance(value, (torch.Tensor, int)):
                 raise interpret.Unsupported(f"input {node.name} of type {type(value).__name__}")
+        if split.has_collectives(gm.graph):  # compiled segments between the collectives
+            return split.SegmentedGraph(gm, name, options)
+        interpret.check_supported(gm.graph)
     except interpret.Unsupported as e:
         warnings.warn(
             f"torch_tpu: compiled graph {name!r} runs op by op in tpu eager: "

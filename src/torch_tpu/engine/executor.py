@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from .. import cache, dtypes, metrics, rng, strided
@@ -146,14 +147,13 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
         dynamic = spec.lowering.dynamic_shape
         if dynamic is True or (dynamic and dynamic(values)):
             return _run_unjitted(spec, values, layout, inputs)
-        entry = _build(spec, values, layout)
-        if entry.resize:
-            for index, shape in entry.resize.items():
-                replace_storage(values[index], shape)
-            return _run(spec, args, kwargs)
-        _CACHE[key] = entry
+        entry = _CACHE[key] = _build(spec, values, layout)
     else:
         metrics.count("cache_hits")
+    if entry.resize:  # out= arguments of the wrong size: resize them, then run
+        for index, shape in entry.resize.items():
+            replace_storage(values[index], shape)
+        return _run(spec, args, kwargs)
     return _call(spec, entry, values, inputs)
 
 
@@ -178,11 +178,16 @@ def _key_inputs(spec: OpSpec):
     if not spec.lowering.random:
         return ()
     seed, counter = rng.next_key_inputs()
-    return (jnp.asarray(seed, jnp.uint64), jnp.asarray(counter, jnp.uint64))
+    # numpy scalars: an executable takes them at about 1 us each, a device array
+    # made per call (jnp.asarray) costs about 25 us
+    return (np.uint64(seed), np.uint64(counter))
 
 
 def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
-    dynamic = tuple(device_scalar(v) for v in inputs.dynamic)
+    # Python numbers go to the executable as they are (weakly typed, as jnp.asarray
+    # would make them): cheaper than a device array per new value (an optimizer's
+    # bias corrections change every step)
+    dynamic = tuple(inputs.dynamic)
     mode = modes.current
     if mode is modes.EagerMode.DEFER_AND_FUSE:
         current = [s.current() for s in inputs.storages]
@@ -335,7 +340,7 @@ def _signature(spec: OpSpec, layout: tuple) -> list:
 def _eval_shapes(spec: OpSpec, layout: tuple) -> list:
     """Output metadata from the lowering itself, for ops PyTorch has no meta kernel for."""
     program = _program(spec, layout, None, ())
-    key_inputs = (jnp.uint64(0), jnp.uint64(0)) if spec.lowering.random else ()
+    key_inputs = (np.uint64(0), np.uint64(0)) if spec.lowering.random else ()
     shapes = jax.eval_shape(
         program, _abstract_storages(layout), _abstract_dynamic(layout), key_inputs
     )

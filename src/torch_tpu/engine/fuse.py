@@ -17,6 +17,8 @@ import hashlib
 import os
 import weakref
 
+import numpy as np
+
 from .. import cache, metrics
 
 CAP = int(os.environ.get("TORCH_TPU_FUSE_CAP", "2048"))  # ops per segment before a flush
@@ -48,6 +50,12 @@ class _Segment:
             self.leaves.append(array)
         return index
 
+    def scalar(self, value) -> int:
+        """A host scalar input, one leaf per use: deduplicating equal-valued or interned
+        scalars would make the segment's structure depend on their values."""
+        self.leaves.append(value)
+        return len(self.leaves) - 1
+
     def pending(self, ref: tuple) -> Pending:
         p = Pending(ref)
         self.pendings.append(weakref.ref(p))
@@ -72,8 +80,8 @@ def record(entry, storage_values: list, dynamic: tuple, key_inputs: tuple):
     """Record one op; returns (fresh outputs, written storage values) as Pendings."""
     n = len(_segment.nodes)
     storage_refs = tuple(_input_ref(v) for v in storage_values)
-    dynamic_refs = tuple(_segment.leaf(d) for d in dynamic)
-    key_refs = tuple(_segment.leaf(k) for k in key_inputs)
+    dynamic_refs = tuple(_segment.scalar(d) for d in dynamic)
+    key_refs = tuple(_segment.scalar(k) for k in key_inputs)
     _segment.nodes.append((entry, storage_refs, dynamic_refs, key_refs))
     fresh = [_pendings(meta, (n, "f", k)) for k, meta in enumerate(entry.fresh)]
     written = [_segment.pending((n, "w", k)) for k in range(len(entry.written_slots))]
@@ -141,7 +149,10 @@ def _leaf_signature(nodes: list, leaves: tuple) -> list:
             if type(ref) is int and ref not in labels and slot < len(entry.signature):
                 arg, shape, dtype = entry.signature[slot]
                 labels[ref] = (f"{entry.name} {arg}", shape, dtype)
-    return [labels.get(i, ("scalar", tuple(a.shape), str(a.dtype))) for i, a in enumerate(leaves)]
+    return [
+        labels.get(i, ("scalar", tuple(np.shape(a)), str(getattr(a, "dtype", type(a).__name__))))
+        for i, a in enumerate(leaves)
+    ]
 
 
 def _segment_program(nodes: list, outputs: tuple):
