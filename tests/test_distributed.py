@@ -196,3 +196,20 @@ def test_ddp_example_under_torchrun():
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "matches single-process training" in done.stdout, done.stdout[-3000:]
+
+
+def test_compiled_graphs_with_functional_collectives_match_eager(tmp_path):
+    """torch.compile graphs holding funcol collectives (compute -> all_reduce -> compute, a
+    mix of five collectives, a backward through all_reduce, a DDP-like gradient average
+    plus SGD step) give eager's values on the same ranks, and metrics show each graph ran
+    as compiled segments with the collectives between them, none op by op."""
+    results = launch("compile", 2, tmp_path)
+    assert_ok(
+        results,
+        [
+            "compiled_compute_all_reduce_compute",
+            "compiled_collective_mix",
+            "compiled_backward_through_all_reduce",
+            "compiled_ddp_like_training_step",
+        ],
+    )

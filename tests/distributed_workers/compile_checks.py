@@ -68,6 +68,9 @@ def run(check, rank: int, world: int) -> None:
         _close(eager, (total * 2).sum(0) + everyone[rank].sum())
         counts = _counted(lambda: _close(compiled(x + 1, w), f(x + 1, w)))
         assert counts.get("compiles: graph", 0) == 0, counts  # the executables are reused
+        # a new shape: Dynamo's dynamic graph, specialised and split per shape
+        counts = _counted(lambda: _close(compiled(x[:4], w), f(x[:4], w)))
+        assert counts["compiled_graph_calls"] == 2, counts
 
     @check("compiled_collective_mix")
     def _():

@@ -15,8 +15,8 @@ allow, so the number of segments is the longest chain of dependent
 collectives plus one. At a boundary every collective is issued in graph order,
 then the boundary's `wait_tensor`s wait (a wait returns its input), so the
 collectives of one boundary are in flight together and all are complete
-before the next segment reads them. Views and factories of graph inputs are
-copied into every segment that uses them rather than carried between
+before the next segment reads them. Views of graph inputs and factories are
+repeated in every segment that uses them rather than carried between
 segments (a carried value is a materialised copy). Input mutations (`copy_`
 into an input) go into the last segment, after every read of the old value.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import operator
+from typing import NamedTuple
 
 import torch
 from torch.fx.node import map_arg
@@ -88,8 +89,8 @@ class _Plan:
         to repeat in each segment than to carry as a materialised value."""
         inputs = node.all_input_nodes
         view = node.target is operator.getitem or getattr(node.target, "is_view", False)
-        if inputs and not view:
-            return False
+        if (inputs and not view) or interpret.is_random(node):
+            return False  # (a random node repeated would draw other numbers)
         return all(n.op in _SOURCES or n in self.free for n in inputs)
 
     def _usable_in_segment(self, node: torch.fx.Node) -> int:
@@ -101,6 +102,16 @@ class _Plan:
         if node in self.segment:
             return self.segment[node] + 1
         return self.boundary.get(node, 0)
+
+
+class _Segment(NamedTuple):
+    compiled: CompiledGraph
+    inputs: list[torch.fx.Node]  # graph inputs, earlier segments' values, collective results
+    outputs: list[torch.fx.Node]  # values later steps or the graph's output read
+
+
+class _Boundary(NamedTuple):
+    collectives: list[torch.fx.Node]  # collectives, their waits and getitems, graph order
 
 
 class SegmentedGraph:
@@ -115,18 +126,18 @@ class SegmentedGraph:
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.outputs = list(gm.graph.output_node().args[0])
         consumers = self._consumers(gm.graph, plan)
-        self.steps: list[tuple] = []  # ("collectives", nodes) / ("segment", graph, ins, outs)
+        self.steps: list[_Boundary | _Segment] = []
         for k in range(max(plan.n_segments, plan.n_boundaries)):
             collectives = [n for n in gm.graph.nodes if plan.boundary.get(n) == k]
             if collectives:
-                self.steps.append(("collectives", collectives))
+                self.steps.append(_Boundary(collectives))
             nodes = [n for n in gm.graph.nodes if plan.segment.get(n) == k]
             outs = [n for n in nodes if consumers[n] - {k}]
             if nodes and (outs or any(n.target is _COPY_ for n in nodes)):
                 segment, ins = _segment_module(gm, nodes, plan.free, outs)
                 interpret.check_supported(segment.graph)
                 compiled = CompiledGraph(segment, f"{name}[{k}]", None, options)
-                self.steps.append(("segment", compiled, ins, outs))
+                self.steps.append(_Segment(compiled, ins, outs))
         self.free = plan.free
         self._release = self._last_uses()
 
@@ -152,7 +163,10 @@ class SegmentedGraph:
         """Per step, the values no later step or output needs: released after it."""
         last: dict = {}
         for index, step in enumerate(self.steps):
-            nodes = step[2] if step[0] == "segment" else _inputs_of(step[1])
+            if isinstance(step, _Segment):
+                nodes = step.inputs
+            else:
+                nodes = [n for node in step.collectives for n in node.all_input_nodes]
             for node in self._with_sources(nodes):
                 last[node] = index
         outputs = [n.args[0] if n.target is _COPY_ else n for n in self.outputs if _is_node(n)]
@@ -167,12 +181,11 @@ class SegmentedGraph:
         env: dict = dict(zip(self.placeholders, args))
         args.clear()
         for index, step in enumerate(self.steps):
-            if step[0] == "collectives":
-                self._collectives(step[1], env)
+            if isinstance(step, _Boundary):
+                self._collectives(step.collectives, env)
             else:
-                _, compiled, ins, outs = step
-                values = compiled([self._value(n, env) for n in ins])
-                env.update(zip(outs, values))
+                values = step.compiled([self._value(n, env) for n in step.inputs])
+                env.update(zip(step.outputs, values))
             for node in self._release[index]:
                 env.pop(node, None)
         out = []
@@ -209,7 +222,6 @@ class SegmentedGraph:
             return value
         raise RuntimeError(f"torch_tpu: no value for {node} in split graph")  # a plan bug
 
-
     def _with_sources(self, nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
         """nodes, and for each free node the graph inputs it is computed from."""
         out, stack = [], list(nodes)
@@ -225,10 +237,6 @@ def _is_node(item) -> bool:
     return isinstance(item, torch.fx.Node)
 
 
-def _inputs_of(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
-    return [n for node in nodes for n in node.all_input_nodes]
-
-
 def _segment_module(
     gm: torch.fx.GraphModule,
     nodes: list[torch.fx.Node],
@@ -238,14 +246,14 @@ def _segment_module(
     """One segment as its own graph: placeholders for the values it reads from graph
     inputs, earlier segments and collectives (returned in order), free nodes copied in."""
     members = set(nodes)
-    inputs: list = []
+    inputs: dict = {}  # ordered set
 
     def find_inputs(node):
         for n in node.all_input_nodes:
             if n in free:
                 find_inputs(n)
-            elif n not in members and n.op != "get_attr" and n not in inputs:
-                inputs.append(n)
+            elif n not in members and n.op != "get_attr":
+                inputs.setdefault(n)
 
     for node in nodes:
         find_inputs(node)
@@ -267,4 +275,4 @@ def _segment_module(
     for node in nodes:
         mapping[node] = graph.node_copy(node, mapped)
     graph.output(tuple(mapping[n] for n in outputs))
-    return torch.fx.GraphModule(gm, graph), inputs
+    return torch.fx.GraphModule(gm, graph), list(inputs)

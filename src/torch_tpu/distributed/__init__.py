@@ -6,7 +6,8 @@ controller of its device (`runtime.py`); collectives are XLA programs over a
 mesh of the group's devices (`programs.py`, `mesh.py`), driven by a c10d
 process group (`process_group.py`) whose Work objects wait within the group's
 timeout (`work.py`). The functional collectives DTensor and FSDP2 use have
-tpu kernels (`functional.py`); `traced.py` serves compiled graphs.
+tpu kernels (`functional.py`); compiled graphs run those kernels between
+their compiled segments (`compile/split.py`).
 
 Order matters: JAX's backend must not start before the process group, so
 call `init_process_group` before creating tpu tensors.
