@@ -127,6 +127,23 @@ def test_fused_training_loop_compiles_nothing_after_warmup():
     assert snap["segments_run"] >= 5 and snap["ops_deferred"] > 5 * 50
 
 
+def test_new_python_scalars_are_run_time_arguments(eager_mode):
+    """Every step's new Python numbers (an optimizer's bias corrections) reach the same
+    executables as arguments: no recompiles, and the values of CPU's arithmetic."""
+    x = torch.randn(64)
+    on_tpu = x.to("tpu")
+    torch.tpu.synchronize()  # the upload is not part of the steps' fused segment
+
+    def step(scale: float, shift: int):
+        return (on_tpu * scale).add(shift).div(scale + 1.5).cpu()
+
+    step(0.5, 1)
+    torch_tpu.metrics.reset()
+    for scale, shift in [(0.25, 2), (3.0, -7), (1e-3, 0), (-2.5, 40000)]:
+        torch.testing.assert_close(step(scale, shift), (x * scale).add(shift).div(scale + 1.5))
+    assert torch_tpu.metrics.snapshot().get("compiles", 0) == 0
+
+
 def test_debug_mode_names_op_inputs_and_user_line():
     a = torch.ones(2, 3, device="tpu")
     b = torch.ones(4, 5, device="tpu")

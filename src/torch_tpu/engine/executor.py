@@ -157,23 +157,6 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
     return _call(spec, entry, values, inputs)
 
 
-_SCALARS: dict = {}
-
-
-def device_scalar(value):
-    """A weakly typed device array for a Python number, cached: passing raw Python
-    numbers to a jitted function would transfer them to the device on every call."""
-    key = (type(value), value)
-    array = _SCALARS.get(key)
-    if array is None:
-        array = jnp.asarray(value)
-        if value == value:  # NaN never matches a cache key
-            if len(_SCALARS) > 4096:
-                _SCALARS.clear()
-            _SCALARS[key] = array
-    return array
-
-
 def _key_inputs(spec: OpSpec):
     if not spec.lowering.random:
         return ()
@@ -373,7 +356,7 @@ def _abstract_storages(layout):
 
 
 def _abstract_dynamic(layout):
-    return tuple(device_scalar(e[2](0)) for e in layout if e is not None and e[0] == "s")
+    return tuple(e[2](0) for e in layout if e is not None and e[0] == "s")  # weakly typed
 
 
 def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
@@ -474,7 +457,7 @@ def _run_unjitted(spec: OpSpec, values: list, layout: tuple, inputs: _Inputs):
     metrics.count(f"host sync: {spec.schema.name}")
     arrays = tuple(s.array(spec.schema.name) for s in inputs.storages)
     program = _program(spec, layout, None, ())
-    dynamic = tuple(device_scalar(v) for v in inputs.dynamic)
+    dynamic = tuple(jnp.asarray(v) for v in inputs.dynamic)  # run outside jit
     fresh, _ = program(arrays, dynamic, _key_inputs(spec))
     tensors = [_wrap(_meta_of(f), _flat(f)) for f in fresh]
     return _returns(spec, values, tensors)
