@@ -134,3 +134,14 @@ def write(flat, view: View, value):
     else:
         typed = typed.at[_indices(view).reshape(-1)].set(value.reshape(-1))
     return _reinterpret(typed, view.dtype, view.storage_dtype)
+
+
+def fresh_storage(value, strides: tuple[int, ...] | None):
+    """value as the flat array of a new storage that holds it at the given strides
+    (None: contiguous), offset 0: how a fresh output tensor keeps PyTorch's layout."""
+    if strides is None:
+        return value.reshape(-1)
+    shape = tuple(value.shape)
+    span = storage_span(shape, strides, 0)
+    view = View(shape, strides, 0, value.dtype, span, value.dtype)
+    return write(jnp.zeros((span,), value.dtype), view, value)

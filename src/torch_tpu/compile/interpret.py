@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import torch
 
 from .. import dtypes, rng, strided
+from ..engine.executor import checked_result
 from ..engine.schema import Kind, parse
 from ..ops.registry import LOWERINGS, Lowering
 
@@ -292,13 +293,7 @@ def _cast(out, val, name: str):
         return None
     if isinstance(val, (list, tuple)):
         return [_cast(o, v, name) for o, v in zip(out, val)]
-    out = jnp.asarray(out)
-    if tuple(out.shape) != tuple(val.shape):
-        raise RuntimeError(
-            f"tpu lowering of aten::{name} produced shape {tuple(out.shape)}, "
-            f"PyTorch expects {tuple(val.shape)}"
-        )
-    return out.astype(dtypes.TORCH_TO_JAX[val.dtype])
+    return checked_result(out, tuple(val.shape), val.dtype, f"aten::{name}")
 
 
 # -------------------------------------------------------------------- views
@@ -368,11 +363,4 @@ def output_strides(val: torch.Tensor) -> tuple[int, ...] | None:
 
 def _store(value, val):
     """value as the flat storage array of a fresh tensor with output_strides(val)."""
-    strides = output_strides(val)
-    if strides is None:
-        return value.reshape(-1)
-    shape = tuple(val.shape)
-    span = strided.storage_span(shape, strides, 0)
-    view = fake_view(val, span)
-    view = view._replace(offset=0)
-    return strided.write(jnp.zeros((span,), view.storage_dtype), view, value)
+    return strided.fresh_storage(jnp.asarray(value), output_strides(val))

@@ -429,22 +429,22 @@ def _finish(out, meta, spec: OpSpec):
     if isinstance(out, (list, tuple)):
         metas = meta if meta is not None else [None] * len(out)
         return [_finish(o, m, spec) for o, m in zip(out, metas)]
-    out = jnp.asarray(out)
     if meta is None:  # shape-finding runs: the caller flattens
-        return out
+        return jnp.asarray(out)
     shape, dtype, strides = meta
-    if tuple(out.shape) != shape:
+    return strided.fresh_storage(checked_result(out, shape, dtype, spec.schema.name), strides)
+
+
+def checked_result(out, shape: tuple, dtype: torch.dtype, op: str):
+    """A lowering's result as PyTorch's dtype, after checking it has PyTorch's shape
+    (eager and compiled graphs alike: a wrong lowering must not pass silently)."""
+    out = jnp.asarray(out)
+    if tuple(out.shape) != tuple(shape):
         raise RuntimeError(
-            f"tpu lowering of {spec.schema.name} produced shape {tuple(out.shape)}, "
-            f"PyTorch expects {shape}"
+            f"tpu lowering of {op} produced shape {tuple(out.shape)}, "
+            f"PyTorch expects {tuple(shape)}"
         )
-    jdtype = dtypes.TORCH_TO_JAX[dtype]
-    out = out.astype(jdtype)
-    if strides is None:
-        return out.reshape(-1)
-    span = strided.storage_span(shape, strides, 0)
-    view = strided.View(shape, strides, 0, jdtype, span, jdtype)
-    return strided.write(jnp.zeros((span,), jdtype), view, out)
+    return out.astype(dtypes.TORCH_TO_JAX[dtype])
 
 
 # ----------------------------------------------------- data-dependent shapes
