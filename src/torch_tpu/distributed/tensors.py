@@ -38,9 +38,5 @@ def write(t: torch.Tensor, flat: jax.Array) -> None:
         torch.autograd.graph.increment_version(t)
     else:
         with torch.no_grad():
-            t.copy_(wrap(tuple(t.shape), t.dtype, flat))
+            t.copy_(new_tensor(tuple(t.shape), t.dtype, flat))
 
-
-def wrap(shape: tuple[int, ...], dtype: torch.dtype, flat: jax.Array) -> torch.Tensor:
-    """A new tpu tensor holding `flat`."""
-    return new_tensor(tuple(shape), dtype, flat)
