@@ -6,22 +6,26 @@ is a settable module property.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import time
 import types
 from dataclasses import dataclass
 
-import jax
 import torch
 
-from . import platform, rng
+from . import memory, platform, rng, streams
 from .compile import options as compiler  # noqa: F401  (torch.tpu.compiler.custom_compiler_options)
-from .engine import fallback, fuse, modes
+from .engine import fallback, modes
 from .engine.modes import EagerMode, set_eager_mode  # noqa: F401  (public names)
+from .streams import (  # noqa: F401  (public names)
+    Event,
+    Stream,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+)
 
 _current_device = 0
-_peak_bytes = 0
 
 
 def is_available() -> bool:
@@ -95,9 +99,8 @@ class device:
 def synchronize(device=None) -> None:
     """Run what fused mode has recorded, then wait until every value dispatched to
     the device has been computed."""
-    fuse.flush("synchronize()")
-    for array in jax.live_arrays(platform.platform()):
-        array.block_until_ready()
+    _index(device if device is not None else _current_device)
+    streams.synchronize()
 
 
 def get_device_name(device=None) -> str:
@@ -136,24 +139,9 @@ def _pjrt_stats(d) -> dict | None:
 
 
 def memory_stats(device=None) -> dict:
-    """PJRT's allocator statistics where the platform reports them; otherwise the
-    bytes held by live arrays, which is what allocated memory means for XLA:CPU."""
-    global _peak_bytes
-    d = platform.device(0)
-    stats = _pjrt_stats(d)
-    if stats:
-        current = int(stats.get("bytes_in_use", 0))
-        peak = int(stats.get("peak_bytes_in_use", current))
-    else:
-        current = sum(a.nbytes for a in jax.live_arrays(platform.platform()))
-        _peak_bytes = max(_peak_bytes, current)
-        peak = _peak_bytes
-        stats = {}
-    return {
-        "allocated_bytes.all.current": current,
-        "allocated_bytes.all.peak": peak,
-        **{f"pjrt.{k}": v for k, v in stats.items()},
-    }
+    """Device memory statistics, named as torch.cuda's (see torch_tpu.memory)."""
+    _index(device if device is not None else _current_device)
+    return memory.stats()
 
 
 def memory_allocated(device=None) -> int:
@@ -164,13 +152,24 @@ def max_memory_allocated(device=None) -> int:
     return memory_stats(device)["allocated_bytes.all.peak"]
 
 
+def memory_reserved(device=None) -> int:
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None) -> int:
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
 def reset_peak_memory_stats(device=None) -> None:
-    global _peak_bytes
-    _peak_bytes = 0
+    memory.reset_peak()
 
 
 def empty_cache() -> None:
-    """XLA frees buffers when their arrays die; nothing is cached to release."""
+    memory.release()
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    return memory.info()
 
 
 # ------------------------------------------------------------------ random
@@ -210,88 +209,6 @@ def get_rng_state_all() -> list[torch.Tensor]:
 
 def set_rng_state_all(new_states) -> None:
     rng.set_state(new_states[0])
-
-
-# ----------------------------------------------------------------- streams
-
-
-class Stream:
-    """An XLA device has one in-order queue per executable stream; tpu streams all map
-    onto it, so waiting on one is waiting on the device."""
-
-    def __init__(self, device=None, priority: int = 0) -> None:
-        self.device = torch.device("tpu", _index(device if device is not None else 0))
-        self.priority = priority
-
-    def synchronize(self) -> None:
-        synchronize()
-
-    def query(self) -> bool:
-        return all(a.is_ready() for a in jax.live_arrays(platform.platform()))
-
-    def wait_event(self, event: Event) -> None:
-        event.synchronize()
-
-    def wait_stream(self, stream: Stream) -> None:
-        stream.synchronize()
-
-    def record_event(self, event: Event | None = None) -> Event:
-        event = event or Event()
-        event.record(self)
-        return event
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
-class Event:
-    """Records a point in the device's work; elapsed_time measures between two."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False) -> None:
-        self.enable_timing = enable_timing
-        self._time: float | None = None
-
-    def record(self, stream: Stream | None = None) -> None:
-        synchronize()
-        self._time = time.perf_counter()
-
-    def query(self) -> bool:
-        return self._time is not None
-
-    def synchronize(self) -> None:
-        synchronize()
-
-    def wait(self, stream: Stream | None = None) -> None:
-        synchronize()
-
-    def elapsed_time(self, end: Event) -> float:
-        if not (self.enable_timing and end.enable_timing):
-            raise RuntimeError("Events must be created with enable_timing=True")
-        if self._time is None or end._time is None:
-            raise RuntimeError("both events must be recorded before elapsed_time")
-        return (end._time - self._time) * 1000.0
-
-
-_default_stream = None
-
-
-def default_stream(device=None) -> Stream:
-    global _default_stream
-    if _default_stream is None:
-        _default_stream = Stream()
-    return _default_stream
-
-
-def current_stream(device=None) -> Stream:
-    return default_stream(device)
-
-
-@contextlib.contextmanager
-def stream(s: Stream | None):
-    yield s
 
 
 class _TpuModule(types.ModuleType):
