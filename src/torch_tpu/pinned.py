@@ -29,6 +29,8 @@ Nothing here imports JAX: registering costs a few dispatcher entries.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 _FLAG = "_tpu_pinned"  # attribute set on the Python object of a pinned host storage
@@ -36,13 +38,24 @@ _lib: torch.library.Library | None = None
 _original: dict[str, torch._C._SafeKernelFunction] = {}
 
 
-def _is_tpu(device) -> bool:
-    return device is None or torch.device(device).type == "tpu"
+def _is_tpu(device, method: str) -> bool:
+    """Whether the call is for tpu (no device given, or tpu); PyTorch's kernel serves the rest."""
+    if device is None:
+        return True
+    if torch.device(device).type != "tpu":
+        return False
+    warnings.warn(  # as PyTorch's own kernel does
+        f"The argument 'device' of Tensor.{method}() is deprecated. Please do not pass "
+        "this argument.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return True
 
 
 def is_pinned(self: torch.Tensor, device=None) -> bool:
     """CPU kernel of aten::is_pinned: whether the tensor's storage is a pinned buffer."""
-    if not _is_tpu(device):
+    if not _is_tpu(device, "is_pinned"):
         return _original["is_pinned"].call_boxed(_CPU, self, device)
     return bool(getattr(self.untyped_storage(), _FLAG, False))
 
@@ -55,7 +68,7 @@ def pin(t: torch.Tensor) -> torch.Tensor:
 
 def pin_memory(self: torch.Tensor, device=None) -> torch.Tensor:
     """CPU kernel of aten::_pin_memory: a pinned copy with the same sizes and strides."""
-    if not _is_tpu(device):
+    if not _is_tpu(device, "pin_memory"):
         return _original["_pin_memory"].call_boxed(_CPU, self, device)
     out = torch.empty_strided(self.size(), self.stride(), dtype=self.dtype)
     out.copy_(self)
