@@ -136,6 +136,20 @@ def test_ddp_and_fsdp2_match_single_process_training(tmp_path):
     )
 
 
+def test_tensors_made_before_init_process_group_stay_valid(tmp_path):
+    """The guide's order: a tpu model and a sanity batch on one device, then
+    init_process_group; values, views and optimizer state survive, DDP matches."""
+    results = launch("late_init", 2, tmp_path)
+    assert_ok(
+        results,
+        [
+            "tensors_made_before_init_keep_their_values",
+            "all_reduce_of_a_tensor_made_before_init",
+            "ddp_after_a_sanity_batch_matches_single_process",
+        ],
+    )
+
+
 def test_subgroups_and_2d_device_mesh_on_four_ranks(tmp_path):
     results = launch("mesh4", 4, tmp_path)
     assert_ok(

@@ -101,6 +101,59 @@ def _mesh4() -> None:
     collective_checks.run_subgroups(check, RANK, WORLD)
 
 
+def _late_init() -> None:
+    """The migration guide's order: a sanity batch on one device, then init_process_group.
+    Tensors made before it keep their values, views, optimizer state and pending fused
+    work; DDP and collectives then run on them."""
+    import copy
+
+    import training_checks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torch_tpu.training import mlp
+
+    torch.manual_seed(0)
+    model = mlp().to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = (t.to("tpu") for t in training_checks._mlp_batch())
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    params = [p.detach().cpu().clone() for p in model.parameters()]
+    momenta = [opt.state[p]["momentum_buffer"].cpu().clone() for p in model.parameters()]
+    base = torch.arange(12.0).reshape(3, 4).to("tpu")
+    view = base.t()
+    with torch.tpu.set_eager_mode("fused"):
+        pending = torch.arange(6.0, device="tpu") * (RANK + 1)  # still unrun at init
+    assert torch.tpu.memory_allocated() > 0  # the backend is up, with data on it
+
+    init()
+
+    @check("tensors_made_before_init_keep_their_values")
+    def _():
+        for p, expected in zip(model.parameters(), params):
+            torch.testing.assert_close(p.detach().cpu(), expected, rtol=0, atol=0)
+        for p, expected in zip(model.parameters(), momenta):
+            torch.testing.assert_close(opt.state[p]["momentum_buffer"].cpu(), expected)
+        view.mul_(2)  # still a view of base
+        same(base, torch.arange(12.0).reshape(3, 4) * 2)
+        same(pending, torch.arange(6.0) * (RANK + 1))
+
+    @check("all_reduce_of_a_tensor_made_before_init")
+    def _():
+        dist.all_reduce(pending)
+        same(pending, torch.arange(6.0) * sum(r + 1 for r in range(WORLD)))
+
+    @check("ddp_after_a_sanity_batch_matches_single_process")
+    def _():
+        reference = training_checks._mlp_params(copy.deepcopy(model), RANK, WORLD, False)
+        got = training_checks._mlp_params(DDP(model), RANK, WORLD, parallel=True)
+        for step, (g, r) in enumerate(zip(got, reference)):
+            for p_got, p_ref in zip(g, r):
+                torch.testing.assert_close(
+                    p_got, p_ref, rtol=1e-5, atol=1e-5, msg=lambda m, s=step: f"step {s}: {m}"
+                )
+
+
 def _dies() -> None:
     """One rank (TPU_DIST_DYING_RANK, default 1) dies after the first collective; the
     other's next one must raise."""
@@ -162,6 +215,7 @@ SCENARIOS = {
     "training": _training,
     "compile": _compile,
     "mesh4": _mesh4,
+    "late_init": _late_init,
     "dies": _dies,
     "hangs": _hangs,
     "never_joins": _never_joins,

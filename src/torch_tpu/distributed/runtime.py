@@ -31,6 +31,7 @@ from pathlib import Path
 import jax
 
 from .. import platform
+from . import relocate
 
 _COORDINATOR_KEY = "tpu_dist/jax_coordinator"
 _NEVER = 30 * 24 * 3600  # seconds: heartbeats that never time out (see above)
@@ -60,31 +61,27 @@ def start(store, rank: int, world_size: int, timeout: datetime.timedelta) -> Non
                     "(one jax.distributed job per process)"
                 )
             return
+        held = None
         if world_size > 1:
             if platform.backend_started():
-                _restart_empty_backend()
+                held = _stop_backend()
             _connect(store, rank, world_size, timeout)
         _world = (rank, world_size)
     platform.devices()  # start the backend now: with the distributed client, if any
+    if held is not None:
+        relocate.restore(held, platform.device())
 
 
-def _restart_empty_backend() -> None:
-    """JAX's backend is up but holds no data (e.g. torch.tpu.device_count() ran before
-    init_process_group): restart it so that jax.distributed comes first. With data on it (tpu
-    tensors made before init_process_group), refuse with a clear error."""
-    if any(a.size for a in jax.live_arrays()):
-        raise RuntimeError(
-            "tpu_dist: JAX's backend was started before dist.init_process_group (tpu tensors "
-            "or JAX arrays already exist); jax.distributed must initialise before it. Call "
-            "dist.init_process_group(backend='tpu_dist') before creating tpu tensors."
-        )
+def _stop_backend() -> relocate.Held:
+    """JAX's backend is up (tpu tensors made before init_process_group, or just a device
+    query): hold the tpu tensors' values on the host and stop it, so that jax.distributed
+    comes first; start() uploads them onto the new backend."""
     from jax.extend.backend import clear_backends
 
-    from .. import cache
-
+    held = relocate.hold()
     clear_backends()
-    cache.clear(disk=False)
     platform.restart()
+    return held
 
 
 def _connect(store, rank: int, world_size: int, timeout: datetime.timedelta) -> None:
