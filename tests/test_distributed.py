@@ -227,3 +227,16 @@ def test_compiled_graphs_with_functional_collectives_match_eager(tmp_path):
             "compiled_ddp_like_training_step",
         ],
     )
+
+
+def test_jax_arrays_that_are_not_tpu_tensors_block_the_restart_with_a_clear_error():
+    """Only tpu storages can be moved across the backend restart; a user's own JAX array
+    on the device would silently stop working, so init refuses and says why."""
+    import jax.numpy as jnp
+
+    from torch_tpu.distributed import relocate
+
+    own = jnp.arange(5.0) + 1
+    with pytest.raises(RuntimeError, match=r"JAX array\(s\) that are not tpu tensors"):
+        relocate.hold()
+    del own
