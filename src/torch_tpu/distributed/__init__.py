@@ -9,8 +9,10 @@ timeout (`work.py`). The functional collectives DTensor and FSDP2 use have
 tpu kernels (`functional.py`); compiled graphs run those kernels between
 their compiled segments (`compile/split.py`).
 
-Order matters: JAX's backend must not start before the process group, so
-call `init_process_group` before creating tpu tensors.
+JAX's backend must start after jax.distributed. When tpu tensors already
+exist at `init_process_group` (a sanity batch on one device first), their
+values are held on the host across a restart of the backend and uploaded onto
+the distributed one (`relocate.py`), so they stay valid.
 """
 
 from __future__ import annotations
