@@ -24,7 +24,8 @@ _peak = 0  # highest allocated bytes measured since the last reset
 _pjrt_peak_at_reset = 0  # PJRT's own peak when reset_peak_memory_stats() ran
 
 
-def _backend_started() -> bool:
+def backend_started() -> bool:
+    """Whether JAX's backend is up (asked without importing JAX when it is not loaded)."""
     if "jax" not in sys.modules:
         return False
     from . import platform
@@ -66,7 +67,7 @@ def stats() -> dict[str, int]:
     (prefixed `pjrt.`) where the platform keeps them."""
     global _peak
     _flush()
-    if not _backend_started():
+    if not backend_started():
         current, peak, reserved, pjrt = 0, _peak, 0, {}
     else:
         pjrt = _pjrt_stats() or {}
@@ -102,7 +103,7 @@ def nested_stats() -> dict:
 
 def sample() -> None:
     """Measure now, so the peak includes this moment (synchronize() calls it)."""
-    if _backend_started():
+    if backend_started():
         stats()
 
 
@@ -110,7 +111,7 @@ def reset_peak() -> None:
     """Start peak tracking afresh from the bytes allocated now."""
     global _peak, _pjrt_peak_at_reset
     _peak = 0
-    pjrt = _pjrt_stats() if _backend_started() else None
+    pjrt = _pjrt_stats() if backend_started() else None
     _pjrt_peak_at_reset = int(pjrt.get("peak_bytes_in_use", 0)) if pjrt else 0
     stats()
 
@@ -124,7 +125,7 @@ def release() -> None:
 def info() -> tuple[int, int]:
     """(free, total) bytes of the device: PJRT's limit where kept, else host memory
     (XLA:CPU's device memory is the host's)."""
-    pjrt = _pjrt_stats() if _backend_started() else None
+    pjrt = _pjrt_stats() if backend_started() else None
     if pjrt and "bytes_limit" in pjrt:
         total = int(pjrt["bytes_limit"])
         return total - int(pjrt.get("bytes_in_use", 0)), total

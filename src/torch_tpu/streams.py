@@ -32,7 +32,7 @@ def synchronize() -> None:
     fuse = sys.modules.get("torch_tpu.engine.fuse")
     if fuse is not None:
         fuse.flush("synchronize()")
-    if not memory._backend_started():
+    if not memory.backend_started():
         return
     import jax
 
@@ -44,7 +44,7 @@ def synchronize() -> None:
 
 
 def _ready() -> bool:
-    if not memory._backend_started():
+    if not memory.backend_started():
         return True
     import jax
 
