@@ -5,8 +5,10 @@ what was compiled and how long it took. A compile of code already compiled at
 other input shapes or dtypes is a recompile: it is recorded with the input
 that changed, and after `TORCH_TPU_RECOMPILE_WARN_LIMIT` (default 8)
 recompiles of the same segment or graph a warning names the input whose shape
-keeps changing. Strict per-op programs are recorded but never warned about:
-one op at many shapes is how an ordinary model runs.
+keeps changing. Only segments and graphs count as recompiles: a strict op or a
+host read at a new shape is an ordinary first compile of that shape (one op at
+many shapes is how every model runs, and `torch.save` reads storages of every
+size), so it is counted under "compiles" alone.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ _recompiles: Counter = Counter()
 _changed_inputs: dict[tuple[str, str], Counter] = {}
 _warned: set = set()
 
-_WARNED_KINDS = ("segment", "graph")
+_RECOMPILED_KINDS = ("segment", "graph")  # code whose shapes should be stable
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ def record_compile(
     _compile_seconds += seconds
     code = (kind, name)
     reason = None
-    if signature is not None:
+    if signature is not None and kind in _RECOMPILED_KINDS:
         previous = _last_signature.get(code)
         _last_signature[code] = signature
         if previous is not None:
@@ -92,7 +94,7 @@ def _warn_limit() -> int:
 
 def _maybe_warn(code: tuple[str, str]) -> None:
     kind, name = code
-    if kind not in _WARNED_KINDS or code in _warned or _recompiles[code] < _warn_limit():
+    if code in _warned or _recompiles[code] < _warn_limit():
         return
     _warned.add(code)
     culprit, times = _changed_inputs[code].most_common(1)[0]
@@ -136,8 +138,13 @@ def reset() -> None:
     _compile_seconds = 0.0
 
 
-def report() -> str:
-    """The counters, then the recompiles with their reasons, as a table; also printed."""
+def report() -> None:
+    """Print the counters, then the recompiles with their reasons, as a table."""
+    print(report_text())
+
+
+def report_text() -> str:
+    """The table report() prints."""
     snap = snapshot()
     fallbacks = snap.pop("fallback_ops")
     lines = [f"{'counter':<28}{'value':>14}"]
@@ -152,6 +159,4 @@ def report() -> str:
         lines.append("recompiles (most recent last):")
         for e in recompiled[-20:]:
             lines.append(f"  {e.kind} {e.name} ({e.seconds * 1e3:.1f} ms): {e.reason}")
-    text = "\n".join(lines)
-    print(text)
-    return text
+    return "\n".join(lines)
