@@ -50,6 +50,7 @@ from jax.experimental import serialize_executable
 from . import cache_trust, metrics, platform
 
 _MAGIC = b"TTPUXC2\n"
+_OLDER_MAGIC = b"TTPUXC1\n"  # unauthenticated entries of earlier releases: replaced quietly
 _HEADER = struct.Struct("<Q32s")  # payload length, HMAC-SHA256 of (magic, key, length, payload)
 _SUFFIX = ".xc"
 _DEFAULT_MAX_BYTES = 4 << 30
@@ -238,6 +239,9 @@ def _load(key: str, lowered) -> Callable | None:
     except OSError as e:
         _warn_once("read", f"cannot read compilation cache entry {path}: {e}; compiling instead")
         return None
+    if blob.startswith(_OLDER_MAGIC):
+        _stats["outdated_entries"] += 1
+        return None
     payload = _verified(blob, key, _trusted.secret)
     if payload is _REJECTED:
         _stats["rejected_entries"] += 1
@@ -402,6 +406,7 @@ def stats() -> dict:
                 "disk_writes",
                 "corrupt_entries",
                 "rejected_entries",
+                "outdated_entries",
                 "write_errors",
                 "evictions",
                 "unserializable",
