@@ -21,6 +21,8 @@ from dataclasses import dataclass
 _counts: Counter = Counter()
 _compile_seconds: float = 0.0
 _fallbacks: Counter = Counter()
+_fallback_sites: Counter = Counter()  # (op, user's source line) while locate_fallbacks is on
+locate_fallbacks = False  # `torch-tpu check` turns it on: finding the line costs a stack walk
 _compiles: deque = deque(maxlen=1000)
 _last_signature: dict[tuple[str, str], list] = {}
 _recompiles: Counter = Counter()
@@ -120,9 +122,16 @@ def snapshot() -> dict:
     return out
 
 
-def record_fallback(op_name: str) -> None:
+def record_fallback(op_name: str, where: str | None = None) -> None:
     _counts["cpu_fallbacks"] += 1
     _fallbacks[op_name] += 1
+    if where is not None:
+        _fallback_sites[(op_name, where)] += 1
+
+
+def fallback_sites() -> dict[tuple[str, str], int]:
+    """(op, user's source line) -> count, recorded while `locate_fallbacks` is True."""
+    return dict(_fallback_sites)
 
 
 def reset() -> None:
@@ -130,6 +139,7 @@ def reset() -> None:
     global _compile_seconds
     _counts.clear()
     _fallbacks.clear()
+    _fallback_sites.clear()
     _compiles.clear()
     _last_signature.clear()
     _recompiles.clear()
