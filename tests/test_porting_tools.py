@@ -51,7 +51,7 @@ def test_check_model_ready_in_every_mode(tmp_path):
 
 def test_check_reports_fallback_line_and_recompile(tmp_path):
     report = tmp_path / "r.json"
-    done = _cli("check", "fallback_and_recompile.py", "--modes", "fused", "--json", str(report))
+    done = _cli("check", "--modes", "fused", "--json", str(report), "fallback_and_recompile.py")
     assert done.returncode == 1, done.stdout + done.stderr
     fused = json.loads(report.read_text())["modes"]["fused"]
     assert fused["status"] == "falls back"
@@ -65,14 +65,14 @@ def test_check_reports_fallback_line_and_recompile(tmp_path):
 
 
 def test_check_script_with_device_argument_matches():
-    done = _cli("check", "device_argument.py", "--modes", "strict", "--device", "{device}")
+    done = _cli("check", "--modes", "strict", "device_argument.py", "--device", "{device}")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "READY" in done.stdout
 
 
 def test_check_numeric_mismatch(tmp_path):
     report = tmp_path / "r.json"
-    done = _cli("check", "mismatch.py", "--modes", "strict", "--json", str(report))
+    done = _cli("check", "--modes", "strict", "--json", str(report), "mismatch.py")
     assert done.returncode == 1, done.stdout + done.stderr
     strict = json.loads(report.read_text())["modes"]["strict"]
     assert strict["status"] == "mismatch" and strict["max_abs_error"] == pytest.approx(0.5)
@@ -82,8 +82,8 @@ def test_check_numeric_mismatch(tmp_path):
     "args, message",
     [
         (["raises.py"], "this script is broken on purpose"),
-        (["hangs.py", "--timeout", "15"], "--timeout 15"),
-        (["cpu_only.py", "--modes", "strict"], "never used the tpu device"),
+        (["--timeout", "15", "hangs.py"], "--timeout 15"),
+        (["--modes", "strict", "cpu_only.py"], "never used the tpu device"),
         (["--model", "no_such_module:factory"], "No module named 'no_such_module'"),
         (["--model", "models"], "expected package.module:factory"),
         (["missing.py"], "no such file"),
@@ -147,7 +147,7 @@ def test_migrated_training_script_matches_cpu(tmp_path):
     """The migrated CUDA script runs on tpu to CPU's losses (check compares its prints)."""
     script = tmp_path / "train.py"
     shutil.copy(CORPUS / "train.tpu.txt", script)
-    done = _cli("check", str(script), "--modes", "strict", cwd=tmp_path)
+    done = _cli("check", "--modes", "strict", str(script), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "READY" in done.stdout
 

@@ -27,12 +27,23 @@ def main(argv: list[str] | None = None) -> int:
     check = commands.add_parser(
         "check", help="run a script or model on cpu and tpu and report how ready it is"
     )
-    check.add_argument("script", nargs="?", help="SCRIPT.py (its arguments follow it)")
-    check.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    check.add_argument("--model", metavar="MODULE:FACTORY",
-                       help="factory() returns (model, example_inputs[, loss_fn])")
-    check.add_argument("--modes", nargs="+", metavar="MODE",
-                       help="strict fused compiled (default: all; a script: strict fused)")
+    check.add_argument(
+        "script",
+        nargs=argparse.REMAINDER,
+        metavar="SCRIPT.py ...",
+        help="the script and its arguments (check's options come first)",
+    )
+    check.add_argument(
+        "--model",
+        metavar="MODULE:FACTORY",
+        help="factory() returns (model, example_inputs[, loss_fn])",
+    )
+    check.add_argument(
+        "--modes",
+        type=lambda text: [m for m in text.split(",") if m],
+        metavar="M1,M2",
+        help="of strict,fused,compiled (default: all; a script: strict,fused)",
+    )
     check.add_argument("--steps", type=int, default=5, help="training steps per run (default 5)")
     check.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
     check.add_argument("--json", metavar="PATH", help="write the report as JSON")
@@ -46,8 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         from .check import run
 
-        return run(args.script, args.script_args, args.model, args.modes, args.steps,
-                   args.timeout, args.json, args.plot)
+        script, script_args = (args.script[0], args.script[1:]) if args.script else (None, [])
+        return run(
+            script,
+            script_args,
+            args.model,
+            args.modes,
+            args.steps,
+            args.timeout,
+            args.json,
+            args.plot,
+        )
     if args.command == "migrate":
         from .migrate import run
 
