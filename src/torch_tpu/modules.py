@@ -81,11 +81,11 @@ def _crosses_to_or_from_tpu(old: torch.Tensor, new: torch.Tensor) -> bool:
 def _adopt(old: Parameter, new: Parameter) -> bool:
     """Make `old` hold `new`'s tensor (data, grad, requires_grad) keeping its identity.
 
-    Refused (False) when something in C++ still holds old's tensor (a live
-    autograd graph through it): swapping would cut that graph off from the
-    Parameter. The slot then keeps `new`, still shared by every tied slot.
+    Refused (False) when something in C++ other than an autograd graph's
+    gradient accumulator still holds old's tensor. The slot then keeps `new`,
+    still shared by every tied slot.
     """
-    if old._use_count() > 1 or new._use_count() > 1:
+    if not (_swappable(old) and _swappable(new)):
         return False
     torch._C._swap_tensor_impl(old, new)
     # tensor hooks live on the TensorImpl's autograd metadata; setting the
@@ -95,6 +95,30 @@ def _adopt(old: Parameter, new: Parameter) -> bool:
     if old._post_accumulate_grad_hooks is not None:
         old._post_accumulate_grad_hooks = old._post_accumulate_grad_hooks
     return True
+
+
+def _swappable(t: torch.Tensor) -> bool:
+    """The TensorImpl is held by this Python object alone, or also by the gradient
+    accumulator of a graph still alive (a kept `loss`); that accumulator would
+    now feed the old tensor, so a backward through it raises (as after
+    `swap_tensors`) instead of losing the gradient."""
+    count = t._use_count()
+    if count == 1:
+        return True
+    if count != 2 or not t.is_leaf:
+        return False
+    node = torch.autograd.graph.get_gradient_edge(t).node
+    if t._use_count() != 2:  # the accumulator did not exist: something else holds t
+        return False
+    node.register_prehook(_stale_graph)
+    return True
+
+
+def _stale_graph(grad_outputs):
+    raise RuntimeError(
+        "backward() reached a parameter through a graph built before its module was "
+        "moved between cpu and tpu (.to()/.cpu()/.tpu()); run forward again after moving it"
+    )
 
 
 def install() -> None:
