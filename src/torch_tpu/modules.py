@@ -33,6 +33,8 @@ _state = threading.local()  # the conversion in progress: depth and old -> new P
 
 
 def _apply(self: Module, fn, recurse: bool = True) -> Module:
+    if not isinstance(self._parameters, dict):  # a ScriptModule's view of C++ parameters
+        return _original_apply(self, fn, recurse)
     before = dict(self._parameters)
     depth = getattr(_state, "depth", 0)
     if depth == 0:
@@ -81,12 +83,19 @@ def _crosses_to_or_from_tpu(old: torch.Tensor, new: torch.Tensor) -> bool:
 def _adopt(old: Parameter, new: Parameter) -> bool:
     """Make `old` hold `new`'s tensor (data, grad, requires_grad) keeping its identity.
 
-    Refused (False) when something in C++ other than an autograd graph's
-    gradient accumulator still holds old's tensor. The slot then keeps `new`,
-    still shared by every tied slot.
+    Something in C++ may still hold old's tensor: a graph built before the
+    move (saved tensors, the gradient accumulator). That graph keeps the old
+    tensor, as its values were when it ran; its accumulator is made to raise
+    on backward rather than put a gradient where no one would see it. Refused
+    (False) only for a non-leaf, which a module's Parameter never is.
     """
-    if not (_swappable(old) and _swappable(new)):
+    if not old.is_leaf:
         return False
+    count = old._use_count()
+    if count > 1:
+        accumulator = torch.autograd.graph.get_gradient_edge(old).node
+        if old._use_count() == count:  # it existed: a graph still feeds it
+            accumulator.register_prehook(_stale_graph)
     torch._C._swap_tensor_impl(old, new)
     # tensor hooks live on the TensorImpl's autograd metadata; setting the
     # Python-side dicts again registers them on the tensor old now holds
@@ -94,23 +103,6 @@ def _adopt(old: Parameter, new: Parameter) -> bool:
         old._backward_hooks = old._backward_hooks
     if old._post_accumulate_grad_hooks is not None:
         old._post_accumulate_grad_hooks = old._post_accumulate_grad_hooks
-    return True
-
-
-def _swappable(t: torch.Tensor) -> bool:
-    """The TensorImpl is held by this Python object alone, or also by the gradient
-    accumulator of a graph still alive (a kept `loss`); that accumulator would
-    now feed the old tensor, so a backward through it raises (as after
-    `swap_tensors`) instead of losing the gradient."""
-    count = t._use_count()
-    if count == 1:
-        return True
-    if count != 2 or not t.is_leaf:
-        return False
-    node = torch.autograd.graph.get_gradient_edge(t).node
-    if t._use_count() != 2:  # the accumulator did not exist: something else holds t
-        return False
-    node.register_prehook(_stale_graph)
     return True
 
 
