@@ -185,6 +185,18 @@ def test_optimizer_built_before_the_move_trains_the_moved_parameters():
     assert not torch.equal(model.emb.weight.detach().cpu(), before)
 
 
+def test_one_parameter_in_two_slots_of_one_module_and_frozen_parameters():
+    model = nn.Linear(3, 3)
+    model.alias = model.weight  # the same Parameter under two names of one module
+    model.bias.requires_grad_(False)
+    view = model.bias[1:]  # a frozen parameter still referenced from C++ (a view's base)
+    weight, bias = model.weight, model.bias
+    model.to("tpu")
+    assert model.alias is weight and model.weight is weight and model.bias is bias
+    assert weight.device.type == bias.device.type == "tpu" and not bias.requires_grad
+    assert view.device.type == "cpu"  # as on CUDA: a view keeps the storage it was made on
+
+
 def test_parameter_hooks_survive_the_move():
     def run(device):
         torch.manual_seed(0)
@@ -354,11 +366,14 @@ def test_deepcopy_of_a_tpu_module():
     torch.testing.assert_close(clone.mix.scale.cpu(), cpu.scale)
 
 
-def test_deepcopy_of_tpu_tensors_keeps_views_of_one_storage():
+def test_deepcopy_of_tpu_tensors_keeps_views_of_one_storage(eager_mode):
     base = torch.arange(6.0, device="tpu")
+    base.mul_(2.0)  # in fused mode the copied storage's value is still pending
     a, b = copy.deepcopy([base, base[2:]])
     a[3] = 100.0
-    assert b[1].item() == 100.0 and base[3].item() == 3.0
+    base[2] = -1.0
+    assert b.tolist() == [4.0, 100.0, 8.0, 10.0] and base[3].item() == 6.0
+    assert a[2].item() == 4.0
 
 
 def test_save_load_round_trip_of_a_tied_tpu_state_dict():

@@ -18,52 +18,42 @@ Parameter then finds it already converted and PyTorch's own in-place path
 keeps the tie. Other replacements (to/from meta, sparse, the
 `overwrite_module_params_on_conversion` flag) are PyTorch's behaviour on
 CUDA too and are left alone. For a CPU-only module nothing is replaced, so
-the wrapper only compares each module's parameter dict before and after.
+the wrapper only compares each module's parameters before and after.
 """
 
 from __future__ import annotations
-
-import threading
 
 import torch
 from torch.nn import Module, Parameter
 
 _original_apply = Module._apply
-_state = threading.local()  # the conversion in progress: depth and old -> new Parameter
 
 
 def _apply(self: Module, fn, recurse: bool = True) -> Module:
-    if not isinstance(self._parameters, dict):  # a ScriptModule's view of C++ parameters
+    params = self._parameters
+    if not params or not isinstance(params, dict):  # not a dict: a ScriptModule's view
         return _original_apply(self, fn, recurse)
-    before = dict(self._parameters)
-    depth = getattr(_state, "depth", 0)
-    if depth == 0:
-        _state.replaced = {}
-    _state.depth = depth + 1
-    try:
-        result = _original_apply(self, fn, recurse)
-        replaced = [(k, old) for k, old in before.items() if self._parameters.get(k) is not old]
-        if replaced:
-            _restore(self, replaced, _state.replaced)
-    finally:
-        _state.depth = depth
-        if depth == 0:
-            _state.replaced = None
+    before = list(params.items())
+    result = _original_apply(self, fn, recurse)
+    moved = []
+    for key, old in before:
+        new = params.get(key)
+        if new is not old and old is not None and new is not None:
+            moved.append((key, old, new))
+    if moved:
+        _restore(params, moved)
     return result
 
 
-def _restore(module: Module, replaced, memo: dict) -> None:
-    """Put back, in each replaced slot, the Parameter that was there (or what it became)."""
-    for key, old in replaced:
-        new = module._parameters.get(key)
-        if old is None or new is None:
-            continue
-        entry = memo.get(id(old))
-        if entry is None:
-            if not _crosses_to_or_from_tpu(old, new):
-                continue
-            entry = memo[id(old)] = (old, old if _adopt(old, new) else new)
-        module._parameters[key] = entry[1]
+def _restore(params: dict, moved) -> None:
+    """Put back, in each slot replaced by a cpu<->tpu move, the Parameter that was there."""
+    adopted = set()  # one Parameter in two slots of this module was converted twice
+    for key, old, new in moved:
+        if id(old) in adopted or _crosses_to_or_from_tpu(old, new):
+            if id(old) not in adopted:
+                _adopt(old, new)
+                adopted.add(id(old))
+            params[key] = old
 
 
 def _crosses_to_or_from_tpu(old: torch.Tensor, new: torch.Tensor) -> bool:
@@ -80,19 +70,16 @@ def _crosses_to_or_from_tpu(old: torch.Tensor, new: torch.Tensor) -> bool:
     )
 
 
-def _adopt(old: Parameter, new: Parameter) -> bool:
+def _adopt(old: Parameter, new: Parameter) -> None:
     """Make `old` hold `new`'s tensor (data, grad, requires_grad) keeping its identity.
 
     Something in C++ may still hold old's tensor: a graph built before the
     move (saved tensors, the gradient accumulator). That graph keeps the old
     tensor, as its values were when it ran; its accumulator is made to raise
-    on backward rather than put a gradient where no one would see it. Refused
-    (False) only for a non-leaf, which a module's Parameter never is.
+    on backward rather than put a gradient where no one would see it.
     """
-    if not old.is_leaf:
-        return False
     count = old._use_count()
-    if count > 1:
+    if count > 1 and old.requires_grad:
         accumulator = torch.autograd.graph.get_gradient_edge(old).node
         if old._use_count() == count:  # it existed: a graph still feeds it
             accumulator.register_prehook(_stale_graph)
@@ -103,7 +90,6 @@ def _adopt(old: Parameter, new: Parameter) -> bool:
         old._backward_hooks = old._backward_hooks
     if old._post_accumulate_grad_hooks is not None:
         old._post_accumulate_grad_hooks = old._post_accumulate_grad_hooks
-    return True
 
 
 def _stale_graph(grad_outputs):
