@@ -77,6 +77,10 @@ def assert_same_values(a: nn.Module, b: nn.Module) -> None:
 # ---------------------------------------------------------------- conversions
 
 
+class TaggedParameter(nn.Parameter):
+    """A framework's Parameter subclass: CUDA's in-place conversion keeps the class."""
+
+
 MOVES = {
     "to_tpu": lambda m: m.to("tpu"),
     "to_tpu_float64": lambda m: m.to("tpu", torch.float64),
@@ -98,6 +102,7 @@ ORACLES = {
 def test_moving_to_tpu_keeps_parameter_objects_and_ties(move):
     torch.manual_seed(0)
     model = TiedLM()
+    model.norm.bias = TaggedParameter(model.norm.bias.detach())
     oracle = copy.deepcopy(model)
     structure = converted_structure(model)
     params = {name: p for _, name, p in slots(model) if isinstance(p, nn.Parameter)}
@@ -111,6 +116,7 @@ def test_moving_to_tpu_keeps_parameter_objects_and_ties(move):
     assert [id(t) for *_, t in after] == [id(t) for *_, t in before]  # same objects
     assert model.head.weight is model.emb.weight
     assert model.emb.weight._no_weight_decay is True
+    assert type(model.norm.bias) is TaggedParameter
     assert all(p.device.type == "tpu" for p in params.values())
     assert tie_structure(model) == structure  # buffers too: as PyTorch does
     if move != "to_empty_tpu":  # to_empty's values are unspecified
