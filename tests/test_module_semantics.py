@@ -409,6 +409,15 @@ def test_save_load_round_trip_of_a_tied_tpu_state_dict():
     assert fresh.head.weight is fresh.emb.weight
     assert_same_values(fresh, cpu)
 
+    whole = io.BytesIO()  # the module itself, pickled
+    torch.save(model, whole)
+    whole.seek(0)
+    restored = torch.load(whole, weights_only=False)
+    assert restored.head.weight is restored.emb.weight
+    assert tie_structure(restored) == tie_structure(model)
+    assert restored.emb.weight.device.type == "tpu"
+    assert_same_values(restored, cpu)
+
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_optimizer_load_state_dict_onto_tpu_parameters(mode):
