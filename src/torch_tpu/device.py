@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from . import api, platform, serialization
+from . import api, modules, platform, serialization
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -34,3 +34,4 @@ def register() -> None:
         rename="tpu", backend_module=api, hook=_Hooks(), device_guard=_DeviceGuard()
     )
     serialization.install()
+    modules.install()  # cpu<->tpu conversions keep Parameter objects and ties, as on CUDA
