@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import torch_tpu
-from torch_tpu import cache, metrics
+from torch_tpu import cache, cache_trust, metrics
 
 # One small program that uses both paths: strict ops, then a fused segment.
 _PROGRAM = textwrap.dedent(
     """
     import json, torch, torch_tpu
-    from torch_tpu import cache, metrics
+    from torch_tpu import cache, cache_trust, metrics
     torch.manual_seed(0)
     x = torch.randn(16, 16, device="tpu")
     strict = (x @ x + 1).relu().sum().item()
@@ -66,9 +66,9 @@ def test_concurrent_processes_share_a_directory(tmp_path):
     outputs = [json.loads(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert len({json.dumps([o["strict"], o["fused"]]) for o in outputs}) == 1
-    entries = list(tmp_path.glob("*/*"))
+    entries = list(tmp_path.glob("*/*.xc"))
     assert entries and not [e for e in entries if e.name.startswith(".tmp-")]
-    assert all(cache._verified(e.read_bytes()) is not None for e in entries)
+    assert all(_authentic(e) for e in entries if e.name != "key")
     # and the result is a usable cache: a fourth process compiles nothing
     assert _run_program(tmp_path)["compiles"] == 0
 
@@ -95,6 +95,12 @@ def _work(n: int = 8) -> list[float]:
     return (torch.sin(x) @ x.t() - 3).cpu().flatten().tolist()
 
 
+def _authentic(entry) -> bool:
+    secret = (entry.parent.parent / cache_trust.KEY_NAME).read_bytes()
+    payload = cache._verified(entry.read_bytes(), entry.stem, secret)
+    return payload is not None and payload is not cache._REJECTED
+
+
 def test_corrupt_and_truncated_entries_are_recompiled_and_replaced(fresh_cache):
     expected = _work()
     entries = sorted(fresh_cache.glob("*/*.xc"))
@@ -109,9 +115,11 @@ def test_corrupt_and_truncated_entries_are_recompiled_and_replaced(fresh_cache):
     with pytest.warns(RuntimeWarning, match="corrupt"):
         assert _work() == expected
     assert metrics.snapshot()["compiles"] == 2  # exactly the two damaged entries
-    assert cache.stats()["corrupt_entries"] >= 2
+    stats = cache.stats()
+    assert stats["corrupt_entries"] == 1  # the truncated one
+    assert stats["rejected_entries"] == 1  # a changed byte: the MAC no longer verifies
     for entry in (truncated, flipped):
-        assert cache._verified(entry.read_bytes()) is not None  # replaced by a good one
+        assert _authentic(entry)  # replaced by a good one
 
 
 def test_size_cap_evicts_least_recently_used(fresh_cache, monkeypatch):
@@ -181,4 +189,4 @@ def test_fused_recompiles_are_explained_and_warned(fresh_cache, monkeypatch):
     assert metrics.snapshot()["recompiles"] >= 4
     messages = [str(w.message) for w in caught if "recompiled" in str(w.message)]
     assert len(messages) == 1 and "'aten::mul.Tensor self' changed shape" in messages[0]
-    assert "recompiles" in metrics.report()
+    assert "recompiles" in metrics.report_text()

@@ -173,5 +173,7 @@ def test_debug_mode_nan_check_names_first_bad_op():
 def test_metrics_report_prints_a_table(capsys):
     torch_tpu.metrics.reset()
     (torch.ones(2, device="tpu") * 2).cpu()
-    text = torch_tpu.metrics.report()
-    assert "ops_dispatched" in text and "host_syncs" in capsys.readouterr().out
+    assert torch_tpu.metrics.report() is None  # printed once, not also echoed at a prompt
+    printed = capsys.readouterr().out
+    assert "ops_dispatched" in printed and "host_syncs" in printed
+    assert printed.strip() == torch_tpu.metrics.report_text()

@@ -7,12 +7,17 @@ on disk, so a second process running the same program loads what the first
 compiled instead of compiling it again.
 
 Disk entries are written atomically (a private temporary file, then
-`os.replace`), so processes sharing the directory never see half an entry; each
-entry carries a length and a SHA-256 of its payload, so a corrupt or truncated
-one is detected, recompiled and replaced with a warning. The directory is
-capped at `TORCH_TPU_CACHE_MAX_BYTES`, least recently used entries evicted
-first. Loading an entry deserialises an executable: the directory must be as
-trusted as the code (it is the user's own cache directory by default).
+`os.replace`), so processes sharing the directory never see half an entry. The
+directory is capped at `TORCH_TPU_CACHE_MAX_BYTES`, least recently used entries
+evicted first.
+
+Trust (see `cache_trust.py`): loading an entry unpickles part of it and maps
+compiled code, so an entry is code. The directory is used only when it is the
+user's own and nobody else can write to it (created 0700, entries 0600), and
+every entry carries an HMAC under a secret key kept in the directory: an entry
+whose MAC does not verify is never deserialized — it is counted as rejected,
+recompiled and replaced. A directory that cannot be used is reported once and
+the process runs with the memory layer alone.
 
 Configuration (read when first used; `set_directory` changes it at run time):
 - `TORCH_TPU_CACHE_DIR`: the directory (TorchTPU's
@@ -20,12 +25,15 @@ Configuration (read when first used; `set_directory` changes it at run time):
   default `$XDG_CACHE_HOME/torch_tpu` (`~/.cache/torch_tpu`).
 - `TORCH_TPU_PERSISTENT_CACHE=0`: memory only, nothing read from or written to disk.
 - `TORCH_TPU_CACHE_MAX_BYTES`: size cap of the directory (default 4 GiB).
+- `TORCH_TPU_CACHE_KEY_FILE`: a key file shared on purpose (a cache shared between
+  users, e.g. a CI fleet); see `cache_trust.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import importlib.metadata
 import os
 import struct
@@ -39,10 +47,11 @@ from pathlib import Path
 import jax
 from jax.experimental import serialize_executable
 
-from . import metrics, platform
+from . import cache_trust, metrics, platform
 
-_MAGIC = b"TTPUXC1\n"
-_HEADER = struct.Struct("<Q32s")  # payload length, sha256 of payload
+_MAGIC = b"TTPUXC2\n"
+_OLDER_MAGIC = b"TTPUXC1\n"  # unauthenticated entries of earlier releases: replaced quietly
+_HEADER = struct.Struct("<Q32s")  # payload length, HMAC-SHA256 of (magic, key, length, payload)
 _SUFFIX = ".xc"
 _DEFAULT_MAX_BYTES = 4 << 30
 
@@ -53,6 +62,9 @@ _options: dict[str, object] = {}
 _directory: Path | None = None
 _configured = False
 _disk_bytes: int | None = None  # running estimate, from a scan at first write
+_trusted: cache_trust.Trusted | None = None  # the checked directory and its MAC key
+_problem: str | None = None  # why the directory is not used, once found
+_warned: set[str] = set()  # warning categories already shown for this directory
 _RUNTIME = f"jax {jax.__version__} jaxlib {importlib.metadata.version('jaxlib')}"
 
 
@@ -87,6 +99,38 @@ def set_directory(path: str | os.PathLike | None) -> None:
     _configured = True
     _directory = None if path is None else Path(path)
     _disk_bytes = None
+    _forget_trust()
+
+
+def _forget_trust() -> None:
+    global _trusted, _problem
+    _trusted = None
+    _problem = None
+    _warned.clear()  # a new directory: its problems are news
+
+
+def _usable() -> cache_trust.Trusted | None:
+    """The checked directory and its key, or None (memory only) with the reason warned
+    about once per process and kept for `problem()`."""
+    global _trusted, _problem
+    if _trusted is not None or _problem is not None:
+        return _trusted
+    root = directory()
+    if root is None:
+        return None
+    try:
+        _trusted = cache_trust.open_directory(root)
+    except cache_trust.UntrustedDirectory as e:
+        _problem = str(e)
+        _warn_once("unusable", f"{e}; compiling without a persistent cache in this process")
+    return _trusted
+
+
+def problem() -> str | None:
+    """Why the configured directory is not used (None when it is fine or the disk cache
+    is off). Checks the directory if this process has not yet."""
+    _usable()
+    return _problem
 
 
 def max_bytes() -> int:
@@ -179,8 +223,8 @@ def _key(text: str, options: dict) -> str:
 
 
 def _path(key: str) -> Path | None:
-    root = directory()
-    return None if root is None else root / key[:2] / (key + _SUFFIX)
+    trusted = _usable()
+    return None if trusted is None else trusted.root / key[:2] / (key + _SUFFIX)
 
 
 def _load(key: str, lowered) -> Callable | None:
@@ -193,9 +237,21 @@ def _load(key: str, lowered) -> Callable | None:
         _stats["disk_misses"] += 1
         return None
     except OSError as e:
-        _warn(f"cannot read compilation cache entry {path}: {e}; compiling instead")
+        _warn_once("read", f"cannot read compilation cache entry {path}: {e}; compiling instead")
         return None
-    payload = _verified(blob)
+    if blob.startswith(_OLDER_MAGIC):
+        _stats["outdated_entries"] += 1
+        return None
+    payload = _verified(blob, key, _trusted.secret)
+    if payload is _REJECTED:
+        _stats["rejected_entries"] += 1
+        _warn_once(
+            "rejected",
+            f"compilation cache entry {path} is not authenticated by this cache's key "
+            "(planted, copied from another user, or written with another key); it was not "
+            "loaded and is recompiled and replaced",
+        )
+        return None
     if payload is not None:
         try:
             executable = serialize_executable.deserialize_and_load(
@@ -216,19 +272,38 @@ def _load(key: str, lowered) -> Callable | None:
     else:
         reason = "bad header, length or checksum"
     _stats["corrupt_entries"] += 1
-    _warn(f"compilation cache entry {path} is corrupt ({reason}); recompiling and replacing it")
+    _warn_once(
+        "corrupt",
+        f"compilation cache entry {path} is corrupt ({reason}); recompiling and replacing it",
+    )
     return None
 
 
-def _verified(blob: bytes) -> bytes | None:
-    """The payload if the entry is whole and unaltered, else None."""
+_REJECTED = b""  # sentinel: whole entry, MAC does not verify
+
+
+def _mac(secret: bytes, key: str, payload: bytes) -> bytes:
+    """Binds the payload to this cache's key and to the entry's name: an authentic entry
+    moved to another name does not verify either."""
+    message = _MAGIC + key.encode() + struct.pack("<Q", len(payload))
+    mac = hmac.new(secret, message, hashlib.sha256)
+    mac.update(payload)
+    return mac.digest()
+
+
+def _verified(blob: bytes, key: str, secret: bytes) -> bytes | None:
+    """The payload if the entry is whole and authentic; None if it is damaged (or of an
+    older format); _REJECTED if it is whole but its MAC does not verify. Only the
+    header is parsed here: nothing is deserialized before the MAC verifies."""
     start = len(_MAGIC) + _HEADER.size
     if len(blob) < start or not blob.startswith(_MAGIC):
         return None
-    length, digest = _HEADER.unpack_from(blob, len(_MAGIC))
+    length, mac = _HEADER.unpack_from(blob, len(_MAGIC))
     payload = blob[start:]
-    if len(payload) != length or hashlib.sha256(payload).digest() != digest:
+    if len(payload) != length:
         return None
+    if not hmac.compare_digest(_mac(secret, key, payload), mac):
+        return _REJECTED
     return payload
 
 
@@ -241,9 +316,10 @@ def _store(key: str, compiled) -> None:
     except (ValueError, NotImplementedError):
         _stats["unserializable"] += 1  # e.g. closed-over constants: stays in memory only
         return
-    blob = _MAGIC + _HEADER.pack(len(payload), hashlib.sha256(payload).digest()) + payload
+    blob = _MAGIC + _HEADER.pack(len(payload), _mac(_trusted.secret, key, payload)) + payload
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        cache_trust.private_subdirectory(path.parent)
+        # mkstemp creates the file 0600: entries are readable by their owner only
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=_SUFFIX)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -254,7 +330,8 @@ def _store(key: str, compiled) -> None:
                 os.unlink(tmp)
             raise
     except OSError as e:
-        _warn(f"cannot write compilation cache entry {path}: {e}")
+        _stats["write_errors"] += 1
+        _warn_once("write", f"cannot write compilation cache entries in {path.parent.parent}: {e}")
         return
     _stats["disk_writes"] += 1
     _account(len(blob))
@@ -283,9 +360,10 @@ def _account(added: int) -> None:
 
 
 def _entries() -> list[tuple[Path, float, int]]:
-    root = directory()
-    if root is None or not root.is_dir():
+    trusted = _usable()
+    if trusted is None:
         return []
+    root = trusted.root
     out = []
     for path in root.glob("*/*" + _SUFFIX):
         if path.name.startswith(".tmp-"):
@@ -296,8 +374,13 @@ def _entries() -> list[tuple[Path, float, int]]:
     return out
 
 
-def _warn(message: str) -> None:
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+def _warn_once(category: str, message: str) -> None:
+    """One warning per category and process: a broken directory must not print one
+    warning per op."""
+    if category in _warned:
+        return
+    _warned.add(category)
+    warnings.warn(f"torch_tpu: {message}", RuntimeWarning, stacklevel=4)
 
 
 # ------------------------------------------------------------------ public
@@ -309,6 +392,7 @@ def stats() -> dict:
     root = directory()
     return {
         "directory": None if root is None else str(root),
+        "problem": problem(),
         "disk_entries": len(entries),
         "disk_bytes": sum(size for _, _, size in entries),
         "max_bytes": max_bytes(),
@@ -321,6 +405,9 @@ def stats() -> dict:
                 "disk_misses",
                 "disk_writes",
                 "corrupt_entries",
+                "rejected_entries",
+                "outdated_entries",
+                "write_errors",
                 "evictions",
                 "unserializable",
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from . import accelerator, api, pinned, platform, serialization
+from . import accelerator, api, modules, pinned, platform, serialization
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -34,5 +34,6 @@ def register() -> None:
         rename="tpu", backend_module=api, hook=_Hooks(), device_guard=_DeviceGuard()
     )
     serialization.install()
+    modules.install()  # cpu<->tpu conversions keep Parameter objects and ties, as on CUDA
     pinned.install()  # before anything can pin: tpu is now the current accelerator
     accelerator.install()

@@ -5,8 +5,10 @@ what was compiled and how long it took. A compile of code already compiled at
 other input shapes or dtypes is a recompile: it is recorded with the input
 that changed, and after `TORCH_TPU_RECOMPILE_WARN_LIMIT` (default 8)
 recompiles of the same segment or graph a warning names the input whose shape
-keeps changing. Strict per-op programs are recorded but never warned about:
-one op at many shapes is how an ordinary model runs.
+keeps changing. Only segments and graphs count as recompiles: a strict op or a
+host read at a new shape is an ordinary first compile of that shape (one op at
+many shapes is how every model runs, and `torch.save` reads storages of every
+size), so it is counted under "compiles" alone.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ from dataclasses import dataclass
 _counts: Counter = Counter()
 _compile_seconds: float = 0.0
 _fallbacks: Counter = Counter()
+_fallback_sites: Counter = Counter()  # (op, user's source line) while locate_fallbacks is on
+locate_fallbacks = False  # `torch-tpu check` turns it on: finding the line costs a stack walk
 _compiles: deque = deque(maxlen=1000)
 _last_signature: dict[tuple[str, str], list] = {}
 _recompiles: Counter = Counter()
 _changed_inputs: dict[tuple[str, str], Counter] = {}
 _warned: set = set()
 
-_WARNED_KINDS = ("segment", "graph")
+_RECOMPILED_KINDS = ("segment", "graph")  # code whose shapes should be stable
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ def record_compile(
     _compile_seconds += seconds
     code = (kind, name)
     reason = None
-    if signature is not None:
+    if signature is not None and kind in _RECOMPILED_KINDS:
         previous = _last_signature.get(code)
         _last_signature[code] = signature
         if previous is not None:
@@ -92,7 +96,7 @@ def _warn_limit() -> int:
 
 def _maybe_warn(code: tuple[str, str]) -> None:
     kind, name = code
-    if kind not in _WARNED_KINDS or code in _warned or _recompiles[code] < _warn_limit():
+    if code in _warned or _recompiles[code] < _warn_limit():
         return
     _warned.add(code)
     culprit, times = _changed_inputs[code].most_common(1)[0]
@@ -118,9 +122,16 @@ def snapshot() -> dict:
     return out
 
 
-def record_fallback(op_name: str) -> None:
+def record_fallback(op_name: str, where: str | None = None) -> None:
     _counts["cpu_fallbacks"] += 1
     _fallbacks[op_name] += 1
+    if where is not None:
+        _fallback_sites[(op_name, where)] += 1
+
+
+def fallback_sites() -> dict[tuple[str, str], int]:
+    """(op, user's source line) -> count, recorded while `locate_fallbacks` is True."""
+    return dict(_fallback_sites)
 
 
 def reset() -> None:
@@ -128,6 +139,7 @@ def reset() -> None:
     global _compile_seconds
     _counts.clear()
     _fallbacks.clear()
+    _fallback_sites.clear()
     _compiles.clear()
     _last_signature.clear()
     _recompiles.clear()
@@ -136,8 +148,13 @@ def reset() -> None:
     _compile_seconds = 0.0
 
 
-def report() -> str:
-    """The counters, then the recompiles with their reasons, as a table; also printed."""
+def report() -> None:
+    """Print the counters, then the recompiles with their reasons, as a table."""
+    print(report_text())
+
+
+def report_text() -> str:
+    """The table report() prints."""
     snap = snapshot()
     fallbacks = snap.pop("fallback_ops")
     lines = [f"{'counter':<28}{'value':>14}"]
@@ -152,6 +169,4 @@ def report() -> str:
         lines.append("recompiles (most recent last):")
         for e in recompiled[-20:]:
             lines.append(f"  {e.kind} {e.name} ({e.seconds * 1e3:.1f} ms): {e.reason}")
-    text = "\n".join(lines)
-    print(text)
-    return text
+    return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""torch.load onto tpu.
+"""torch.load onto tpu, and copies of tpu storages (deepcopy).
 
 PyTorch's generic deserializer for a PrivateUse1 location allocates a storage
 through a C++ allocator the Python backend does not have. We register our own
@@ -30,5 +30,19 @@ def _restore(obj, location: str):
     return host.to("tpu").untyped_storage()
 
 
+_original_clone = torch.UntypedStorage.clone
+
+
+def _clone(self: torch.UntypedStorage) -> torch.UntypedStorage:
+    """UntypedStorage.clone (used by copy.deepcopy of a tensor): PyTorch's allocates
+    through the C++ allocator the Python backend lacks (a crash for tpu)."""
+    if self.device.type != "tpu":
+        return _original_clone(self)
+    from .tensor import clone_storage
+
+    return clone_storage(self)
+
+
 def install() -> None:
     torch.serialization.register_package(15, _tag, _restore)
+    torch.UntypedStorage.clone = _clone

@@ -35,13 +35,29 @@ _BY_ADDRESS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 def _attach_storage(t: torch.Tensor, shape, strides, dtype: torch.dtype, value, numel) -> None:
     """Back t with a new storage of numel elements and the given geometry."""
+    payload = Storage(value, numel, dtypes.to_jax(dtype))
+    _set_storage(_CPU_KEYS, t, _new_storage(numel * dtype.itemsize, payload), 0, shape, strides)
+
+
+def _new_storage(nbytes: int, payload: Storage) -> torch.UntypedStorage:
     global _next_address
-    nbytes = numel * dtype.itemsize
     storage = _storage_at(_next_address, DEVICE, nbytes)
     _next_address += (nbytes + 4095) // 4096 * 4096 + 4096
-    _set_storage(_CPU_KEYS, t, storage, 0, shape, strides)
-    payload = storage._tpu = Storage(value, numel, dtypes.to_jax(dtype))
+    storage._tpu = payload
     _BY_ADDRESS[storage.data_ptr()] = payload
+    return storage
+
+
+def clone_storage(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    """A new tpu storage with the same bytes (UntypedStorage.clone, hence deepcopy).
+
+    PyTorch's clone allocates through a C++ allocator the Python backend does
+    not have. The copy shares the source's array: arrays are immutable and a
+    write replaces a storage's array, so neither copy sees the other's writes.
+    """
+    source = storage._tpu if hasattr(storage, "_tpu") else _BY_ADDRESS[storage.data_ptr()]
+    payload = Storage(source.current(), source.numel, source.dtype)
+    return _new_storage(storage.nbytes(), payload)
 
 
 class Storage:

@@ -147,3 +147,20 @@ def wide_mlp_step_fn(device: str):
         return loss
 
     return model, step
+
+
+def gpt_example() -> tuple[nn.Module, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The bundled model for `torch-tpu check --model torch_tpu.training:gpt_example`:
+    (model, example inputs, loss_fn), as check's --model form expects."""
+    cfg = GPT_SIZES["gpt_small"]
+    model = TinyGPT(cfg["vocab"], cfg["d"], cfg["heads"], cfg["seq"])
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=g)
+    targets = idx[:, 1:]
+
+    def loss_fn(logits: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(
+            logits.reshape(-1, cfg["vocab"]), targets.to(logits.device).reshape(-1)
+        )
+
+    return model, idx[:, :-1], loss_fn

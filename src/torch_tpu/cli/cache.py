@@ -14,6 +14,11 @@ def run(action: str) -> int:
     if stats["directory"] is None:
         print("persistent compilation cache: off (TORCH_TPU_PERSISTENT_CACHE=0)")
         return 0
+    if stats["problem"]:
+        print(f"directory   {stats['directory']}")
+        print(f"problem     {stats['problem']}")
+        print("            (processes compile without a persistent cache until this is fixed)")
+        return 1
     print(f"directory   {stats['directory']}")
     print(f"entries     {stats['disk_entries']}")
     print(

@@ -24,7 +24,58 @@ def main(argv: list[str] | None = None) -> int:
     )
     cache = commands.add_parser("cache", help="the persistent compilation cache")
     cache.add_argument("action", choices=["info", "clear"], help="show its state, or empty it")
+    check = commands.add_parser(
+        "check", help="run a script or model on cpu and tpu and report how ready it is"
+    )
+    check.add_argument(
+        "script",
+        nargs=argparse.REMAINDER,
+        metavar="SCRIPT.py ...",
+        help="the script and its arguments (check's options come first)",
+    )
+    check.add_argument(
+        "--model",
+        metavar="MODULE:FACTORY",
+        help="factory() returns (model, example_inputs[, loss_fn])",
+    )
+    check.add_argument(
+        "--modes",
+        type=lambda text: [m for m in text.split(",") if m],
+        metavar="M1,M2",
+        help="of strict,fused,compiled (default: all; a script: strict,fused)",
+    )
+    check.add_argument("--steps", type=int, default=5, help="training steps per run (default 5)")
+    check.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
+    check.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    check.add_argument("--plot", metavar="PATH.png", help="plot step time over steps per mode")
+    migrate = commands.add_parser("migrate", help="rewrite CUDA-specific code for the tpu device")
+    migrate.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
+    migrate.add_argument("--write", action="store_true", help="write the changes (default: show)")
+    migrate.add_argument("--diff", action="store_true", help="print a unified diff")
+    commands.add_parser("doctor", help="check the environment and say what to fix")
     args = parser.parse_args(argv)
+    if args.command == "check":
+        from .check import run
+
+        script, script_args = (args.script[0], args.script[1:]) if args.script else (None, [])
+        return run(
+            script,
+            script_args,
+            args.model,
+            args.modes,
+            args.steps,
+            args.timeout,
+            args.json,
+            args.plot,
+        )
+    if args.command == "migrate":
+        from .migrate import run
+
+        return run(args.paths, args.write, args.diff)
+    if args.command == "doctor":
+        from .doctor import run
+
+        return run()
     if args.command == "verify":
         from .verify import run
 

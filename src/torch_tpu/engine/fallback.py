@@ -50,7 +50,12 @@ def run_on_cpu(op, args: tuple, kwargs: dict):
             f"{name} has no tpu lowering and the CPU fallback is disabled "
             "(torch.tpu.enable_cpu_fallback = False)"
         )
-    metrics.record_fallback(name)
+    if metrics.locate_fallbacks:
+        from .debug import user_line
+
+        metrics.record_fallback(name, user_line())
+    else:
+        metrics.record_fallback(name)
     if name not in _warned:
         _warned.add(name)
         warnings.warn(
