@@ -1,3 +1,14 @@
 """Lowerings by op family; importing this package fills the registry."""
 
-from . import factory, indexing, linalg, nn, pointwise, random, reduction, shape  # noqa: F401
+from . import (  # noqa: F401
+    attention,
+    factory,
+    indexing,
+    linalg,
+    nn,
+    pointwise,
+    random,
+    reduction,
+    rnn,
+    shape,
+)
