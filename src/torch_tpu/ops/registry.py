@@ -29,8 +29,9 @@ class Lowering:
     # fn also gets contiguous=(bool per tensor argument): for the few ops whose results
     # PyTorch defines by the input's memory layout (det's LU factors)
     contiguity: bool = False
-    # PyTorch's meta kernel rejects valid calls (2.13's fused LSTM cell without biases):
-    # output shapes come from the lowering itself, as for ops with no meta kernel
+    # PyTorch's meta kernel rejects valid calls or disagrees with the CPU kernel (2.13's
+    # fused LSTM cell without biases; MHA's absent weights): output shapes come from the
+    # lowering itself, as for ops with no meta kernel
     skip_meta: bool = False
 
 
