@@ -127,6 +127,8 @@ def test_bfloat16(mode, no_fallback):
     weight = torch.randn(10, 3, dtype=torch.bfloat16)
     for reduce in ("sum", "mean", "max"):
         expected = F.embedding_bag(INDICES, weight, OFFSETS, mode=reduce)
-        actual = F.embedding_bag(INDICES.to("tpu"), weight.to("tpu"), OFFSETS.to("tpu"), mode=reduce)
+        actual = F.embedding_bag(
+            INDICES.to("tpu"), weight.to("tpu"), OFFSETS.to("tpu"), mode=reduce
+        )
         assert actual.dtype == torch.bfloat16
         torch.testing.assert_close(actual.cpu(), expected, atol=2e-2, rtol=2e-2)

@@ -8,9 +8,10 @@ before the product with the keys, a float mask is read as a boolean one (any
 non-zero entry masks, as the CPU kernel's `mask.to(bool)` does) and a row whose
 every key is masked gets zero weights rather than NaN.
 
-A `src_key_padding_mask` given to nn.TransformerEncoder makes PyTorch pack the
-batch into a nested tensor, which tpu does not support; see
-`nested_tensor_from_mask_left_aligned` for how that path is avoided.
+A `src_key_padding_mask` given to nn.TransformerEncoder would make PyTorch pack
+the batch into a nested tensor, which tpu does not have: the engine's
+`_nested_tensor_from_mask_left_aligned` (engine/kernels.py) answers False, so
+the encoder keeps the dense fast path, as CPU does with enable_nested_tensor=False.
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ def native_multi_head_attention(
 ):
     out, weights = _attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias,
                               proj_weight, proj_bias, mask, mask_type)
+    out = out.astype(query.dtype)  # skip_meta: results carry PyTorch's dtype themselves
     if not need_weights:
         return out, None
-    return out, jnp.mean(weights, 1) if average_attn_weights else weights
+    weights = jnp.mean(weights, 1) if average_attn_weights else weights
+    return out, weights.astype(query.dtype)
 
 
 def _layer_norm(x, weight, bias, eps):

@@ -39,7 +39,9 @@ def thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_
     i, f, g, o = jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o)
     cy = f * _up(cx) + i * g
     hy = o * jnp.tanh(cy)
-    return hy, cy, jnp.concatenate([i, f, g, o], -1)
+    workspace = jnp.concatenate([i, f, g, o], -1)
+    # skip_meta: the engine takes dtypes from these results, so they are PyTorch's here
+    return hy.astype(cx.dtype), cy.astype(cx.dtype), workspace.astype(input_gates.dtype)
 
 
 @lower("_thnn_fused_lstm_cell_backward_impl.default")
@@ -74,11 +76,14 @@ def thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_b
     z = jax.nn.sigmoid(iz + hz)
     n = jnp.tanh(in_ + r * hn)
     hy = n + z * (hx - n)
-    return hy, jnp.concatenate([r, z, n, hx, hn], -1)
+    workspace = jnp.concatenate([r, z, n, hx, hn], -1)
+    # no meta kernel: the engine takes dtypes from these results, so they are PyTorch's
+    return hy.astype(hidden_gates.dtype), workspace.astype(input_gates.dtype)
 
 
 @lower("_thnn_fused_gru_cell_backward.default")
 def thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    dtype = grad_hy.dtype  # no meta kernel: results are cast to PyTorch's dtype here
     r, z, n, hx, hn = jnp.split(_up(workspace), 5, -1)
     grad_hy = _up(grad_hy)
     grad_n = grad_hy * (1 - z) * (1 - n * n)  # through tanh
@@ -86,6 +91,7 @@ def thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
     grad_r = grad_n * hn * r * (1 - r)
     grad_input = jnp.concatenate([grad_r, grad_z, grad_n], -1)
     grad_hidden = jnp.concatenate([grad_r, grad_z, grad_n * r], -1)
-    if not has_bias:
-        return grad_input, grad_hidden, grad_hy * z, None, None
-    return grad_input, grad_hidden, grad_hy * z, jnp.sum(grad_input, 0), jnp.sum(grad_hidden, 0)
+    grads = [grad_input, grad_hidden, grad_hy * z]
+    if has_bias:
+        grads += [jnp.sum(grad_input, 0), jnp.sum(grad_hidden, 0)]
+    return tuple(g.astype(dtype) for g in grads) + (None, None) * (not has_bias)
