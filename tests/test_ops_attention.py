@@ -95,6 +95,22 @@ def test_inference_fast_path_is_taken(build, call, op, monkeypatch, no_fallback)
     assert calls == ["tpu"]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_inference_fast_path_half(dtype, no_fallback):
+    """Half-precision inputs compute in float32 and keep their dtype in the outputs."""
+    x = torch.randn(2, 4, 8, dtype=dtype)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval().to(dtype)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval().to(dtype)
+    xt = x.to("tpu")
+    with torch.no_grad():
+        out, weights = mha(x, x, x)
+        t_out, t_weights = copy.deepcopy(mha).to("tpu")(xt, xt, xt)
+        expected, actual = layer(x), copy.deepcopy(layer).to("tpu")(xt)
+    for a, e in ((t_out, out), (t_weights, weights), (actual, expected)):
+        assert a.dtype == dtype
+        close(a, e, atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_mha_training(batch_first, mode, no_fallback):
     mha = nn.MultiheadAttention(8, 2, batch_first=batch_first, dropout=0.0)
