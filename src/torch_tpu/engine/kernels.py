@@ -194,6 +194,21 @@ def _equal(self, other):
     return bool(torch.eq(self, other).all().item())
 
 
+def _nested_tensor_from_mask_left_aligned(t, mask):
+    """False: tpu has no nested tensors. nn.TransformerEncoder asks this before packing a
+    padded batch into one, and on False keeps the dense fast path (each layer's
+    _transformer_encoder_layer_fwd with the padding mask), the path CPU takes with
+    enable_nested_tensor=False: padded positions hold computed values, not zeros."""
+    return False
+
+
+def _nested_tensor_from_mask(t, mask, mask_check=True):
+    raise NotImplementedError(
+        "tpu has no nested tensors: nn.TransformerEncoder(..., mask_check=False) packs a "
+        "padded batch into one; build it with enable_nested_tensor=False or mask_check=True"
+    )
+
+
 def _record_stream(self, stream):
     return None
 
@@ -216,6 +231,8 @@ def _register_specials() -> None:
     _impl("_local_scalar_dense", _local_scalar_dense, "special")
     _impl("equal", _equal, "special")
     _impl("record_stream", _record_stream, "special")
+    _impl("_nested_tensor_from_mask_left_aligned", _nested_tensor_from_mask_left_aligned, "special")
+    _impl("_nested_tensor_from_mask", _nested_tensor_from_mask, "special")
     for name in _METADATA_OPS:
         op = overload(name)
 

@@ -1,3 +1,15 @@
 """Lowerings by op family; importing this package fills the registry."""
 
-from . import factory, indexing, linalg, nn, pointwise, random, reduction, shape  # noqa: F401
+from . import (  # noqa: F401
+    attention,
+    embedding_bag,
+    factory,
+    indexing,
+    linalg,
+    nn,
+    pointwise,
+    random,
+    reduction,
+    rnn,
+    shape,
+)

@@ -29,6 +29,10 @@ class Lowering:
     # fn also gets contiguous=(bool per tensor argument): for the few ops whose results
     # PyTorch defines by the input's memory layout (det's LU factors)
     contiguity: bool = False
+    # PyTorch's meta kernel rejects valid calls or disagrees with the CPU kernel (2.13's
+    # fused LSTM cell without biases; MHA's absent weights): output shapes come from the
+    # lowering itself, as for ops with no meta kernel
+    skip_meta: bool = False
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -47,6 +51,7 @@ def lower(
     dynamic_shape: bool | Callable[[list], bool] = False,
     writes: tuple[str, ...] = (),
     contiguity: bool = False,
+    skip_meta: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register fn as the lowering of each named aten overload."""
 
@@ -56,7 +61,7 @@ def lower(
             if key in LOWERINGS:
                 raise ValueError(f"aten::{key} is lowered twice")
             LOWERINGS[key] = Lowering(
-                key, fn, static_scalars, random, dynamic_shape, writes, contiguity
+                key, fn, static_scalars, random, dynamic_shape, writes, contiguity, skip_meta
             )
         return fn
 

@@ -1,0 +1,134 @@
+"""nn.EmbeddingBag / F.embedding_bag on tpu match the CPU, forward and backward (weight
+and per-sample-weight gradients), in every mode, without any CPU fallback."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+
+
+@pytest.fixture(params=["strict", "fused"])
+def mode(request):
+    with torch.tpu.set_eager_mode(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def no_fallback():
+    torch_tpu.metrics.reset()
+    yield
+    torch.tpu.synchronize()
+    fell = torch_tpu.metrics.snapshot()["fallback_ops"]
+    assert not fell, f"ops fell back to the CPU: {sorted(fell)}"
+
+
+def check(weight, indices, offsets=None, per_sample_weights=None, **kwargs):
+    """F.embedding_bag on CPU and on tpu: output, weight gradient and per-sample-weight
+    gradient agree; the loss weighs each output element differently."""
+    results = []
+    cotangent = None
+    for device in ("cpu", "tpu"):
+        w = weight.detach().to(device).requires_grad_()
+        psw = None
+        if per_sample_weights is not None:
+            psw = per_sample_weights.detach().to(device).requires_grad_()
+        off = None if offsets is None else offsets.to(device)
+        out = F.embedding_bag(indices.to(device), w, off, per_sample_weights=psw, **kwargs)
+        if cotangent is None:
+            cotangent = torch.randn(out.shape, dtype=out.dtype)
+        (out * cotangent.to(device)).sum().backward()
+        results.append((out, w.grad, None if psw is None else psw.grad))
+    (out, gw, gp), (t_out, t_gw, t_gp) = results
+    assert t_out.device.type == "tpu"
+    torch.testing.assert_close(t_out.detach().cpu(), out.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(t_gw.cpu(), gw, atol=1e-5, rtol=1e-5)
+    if gp is not None:
+        torch.testing.assert_close(t_gp.cpu(), gp, atol=1e-5, rtol=1e-5)
+
+
+INDICES = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 4])
+OFFSETS = torch.tensor([0, 3, 3, 7])  # bag 1 is empty
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+def test_offsets(reduce, mode, no_fallback):
+    check(torch.randn(10, 3), INDICES, OFFSETS, mode=reduce)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+def test_include_last_offset(reduce, mode, no_fallback):
+    offsets = torch.tensor([0, 3, 3, 7, 10])
+    check(torch.randn(10, 3), INDICES, offsets, mode=reduce, include_last_offset=True)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+def test_padding_idx(reduce, mode, no_fallback):
+    check(torch.randn(10, 3), INDICES, OFFSETS, mode=reduce, padding_idx=4)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+def test_2d_input(reduce, mode, no_fallback):
+    check(torch.randn(10, 3), INDICES.reshape(2, 5), mode=reduce)
+
+
+def test_per_sample_weights(mode, no_fallback):
+    check(torch.randn(10, 3), INDICES, OFFSETS, torch.randn(10), mode="sum")
+    check(torch.randn(10, 3), INDICES, OFFSETS, torch.randn(10), mode="sum", padding_idx=2)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_scale_grad_by_freq_equal_counts(reduce, mode, no_fallback):
+    """Every index occurs twice: PyTorch 2.13's CPU kernel is right on such input."""
+    indices = torch.tensor([3, 1, 3, 0, 1, 0])
+    check(torch.randn(5, 3), indices, torch.tensor([0, 2, 3]), mode=reduce, scale_grad_by_freq=True)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_scale_grad_by_freq_mixed_counts(reduce, mode, no_fallback):
+    """With indices of different frequencies PyTorch 2.13's CPU embedding_bag divides
+    some rows by another index's count (pytorch/pytorch#190063; CUDA and nn.Embedding
+    divide by the row's own frequency, as documented). The oracle is therefore the same
+    bags built on CPU from F.embedding, whose scale_grad_by_freq is right."""
+    weight = torch.randn(10, 3)
+    bag = torch.tensor([0, 0, 0, 2, 2, 2, 2, 3, 3, 3])  # OFFSETS' bag of each position
+    cotangent = torch.randn(4, 3)
+    w = weight.clone().requires_grad_()
+    rows = F.embedding(INDICES, w, scale_grad_by_freq=True)
+    expected = torch.zeros(4, 3).index_add(0, bag, rows)
+    if reduce == "mean":
+        expected = expected / torch.bincount(bag, minlength=4).clamp(min=1)[:, None]
+    (expected * cotangent).sum().backward()
+    t = weight.to("tpu").requires_grad_()
+    actual = F.embedding_bag(
+        INDICES.to("tpu"), t, OFFSETS.to("tpu"), mode=reduce, scale_grad_by_freq=True
+    )
+    (actual * cotangent.to("tpu")).sum().backward()
+    torch.testing.assert_close(actual.detach().cpu(), expected.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(t.grad.cpu(), w.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_max_ties_pick_first(mode, no_fallback):
+    weight = torch.tensor([[1.0, 2.0], [1.0, 0.0], [0.0, 2.0]])
+    check(weight, torch.tensor([0, 1, 2, 2, 1]), torch.tensor([0, 3]), mode="max")
+
+
+def test_module_int32_and_no_grad(mode, no_fallback):
+    bag = torch.nn.EmbeddingBag(10, 4, mode="mean")
+    twin = torch.nn.EmbeddingBag(10, 4, mode="mean", _weight=bag.weight.detach().to("tpu"))
+    indices, offsets = INDICES.int(), OFFSETS.int()
+    with torch.no_grad():  # _embedding_bag_forward_only
+        expected = bag(indices, offsets)
+        actual = twin(indices.to("tpu"), offsets.to("tpu"))
+    torch.testing.assert_close(actual.cpu(), expected)
+
+
+def test_bfloat16(mode, no_fallback):
+    weight = torch.randn(10, 3, dtype=torch.bfloat16)
+    for reduce in ("sum", "mean", "max"):
+        expected = F.embedding_bag(INDICES, weight, OFFSETS, mode=reduce)
+        actual = F.embedding_bag(
+            INDICES.to("tpu"), weight.to("tpu"), OFFSETS.to("tpu"), mode=reduce
+        )
+        assert actual.dtype == torch.bfloat16
+        torch.testing.assert_close(actual.cpu(), expected, atol=2e-2, rtol=2e-2)
