@@ -1,3 +1,3 @@
 """Lowerings by op family; importing this package fills the registry."""
 
-from . import factory, indexing, linalg, nn, pointwise, random, reduction, shape  # noqa: F401
+from . import amp, factory, indexing, linalg, nn, pointwise, random, reduction, shape  # noqa: F401
