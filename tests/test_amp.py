@@ -290,6 +290,25 @@ def test_backward_through_casts_gives_float32_grads_like_cpu():
         torch.testing.assert_close(got.cpu(), want, rtol=1.6e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_convolution_backward(dtype):
+    """conv2d's backward in bf16/fp16 (what autocast CNNs run) gives gradients within one
+    rounding of the float64 ones (it used to fail: the cotangent's dtype was wrong)."""
+    x, w = torch.randn(2, 3, 8, 8).to(dtype), torch.randn(4, 3, 3, 3).to(dtype)
+    g = torch.randn(2, 4, 6, 6).to(dtype)
+
+    def grads(x, w, g):
+        x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+        F.conv2d(x, w).backward(g)
+        return x.grad, w.grad
+
+    got = grads(*to_tpu([x, w, g]))
+    exact = grads(x.double(), w.double(), g.double())
+    for a, e in zip(got, exact):
+        assert a.dtype == dtype
+        torch.testing.assert_close(a.cpu().double(), e, rtol=1.6e-2, atol=2e-2)
+
+
 # ------------------------------------------------------------ training
 
 
