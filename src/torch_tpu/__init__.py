@@ -41,6 +41,8 @@ def init() -> None:
     from . import distributed, platform
 
     device.register()  # JAX's backend starts on first use, not here (tpu_dist comes first)
+    from .amp import install as install_amp  # autocast: cast kernels at first use
+    install_amp()
     jax.config.update("jax_default_device", platform.forced())  # exact device set at start
     kernels.register_all()
     distributed.register()

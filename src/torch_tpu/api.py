@@ -241,3 +241,8 @@ class _TpuModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _TpuModule
+
+
+# ---------------------------------------------------------- mixed precision
+
+from .amp import get_amp_supported_dtype, is_bf16_supported  # noqa: E402, F401

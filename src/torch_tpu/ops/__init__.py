@@ -1,6 +1,7 @@
 """Lowerings by op family; importing this package fills the registry."""
 
 from . import (  # noqa: F401
+    amp,
     attention,
     embedding_bag,
     factory,

@@ -655,8 +655,8 @@ def convolution_backward(
     def forward(x, w):
         return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
 
-    _, pull = jax.vjp(forward, input, weight)
-    grad_input, grad_weight = pull(grad_output.astype(jnp.result_type(input, weight)))
+    out, pull = jax.vjp(forward, input, weight)
+    grad_input, grad_weight = pull(grad_output.astype(out.dtype))  # half: float32 (accumulated)
     grad_bias = jnp.sum(_up(grad_output), _batch_axes(grad_output)) if output_mask[2] else None
     return (
         grad_input if output_mask[0] else None,
