@@ -1,3 +1,14 @@
 """Lowerings by op family; importing this package fills the registry."""
 
-from . import factory, indexing, linalg, nn, pointwise, random, reduction, shape  # noqa: F401
+from . import (  # noqa: F401
+    factory,
+    foreach,
+    indexing,
+    linalg,
+    nn,
+    optim,
+    pointwise,
+    random,
+    reduction,
+    shape,
+)

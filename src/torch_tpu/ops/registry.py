@@ -29,6 +29,9 @@ class Lowering:
     # fn also gets contiguous=(bool per tensor argument): for the few ops whose results
     # PyTorch defines by the input's memory layout (det's LU factors)
     contiguity: bool = False
+    # float arguments passed at run time like Scalars (an optimizer's lr and betas, which
+    # a scheduler changes every step): no recompile per value
+    runtime_floats: tuple[str, ...] = ()
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -47,6 +50,7 @@ def lower(
     dynamic_shape: bool | Callable[[list], bool] = False,
     writes: tuple[str, ...] = (),
     contiguity: bool = False,
+    runtime_floats: tuple[str, ...] = (),
 ) -> Callable[[Callable], Callable]:
     """Register fn as the lowering of each named aten overload."""
 
@@ -56,7 +60,7 @@ def lower(
             if key in LOWERINGS:
                 raise ValueError(f"aten::{key} is lowered twice")
             LOWERINGS[key] = Lowering(
-                key, fn, static_scalars, random, dynamic_shape, writes, contiguity
+                key, fn, static_scalars, random, dynamic_shape, writes, contiguity, runtime_floats
             )
         return fn
 
