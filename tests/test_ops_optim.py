@@ -244,16 +244,6 @@ def test_fused_adam_op_checks_list_lengths():
         )  # fmt: skip
 
 
-def test_fused_sgd_op_rejects_momentum_without_buffers():
-    params, grads = _params("tpu"), _grads(0)
-    grads = [g.to("tpu") for g in grads]
-    with pytest.raises(RuntimeError):
-        torch._fused_sgd_(
-            params, grads, [], weight_decay=0.0, momentum=0.9, lr=0.1, dampening=0.0,
-            nesterov=False, maximize=False, is_first_step=False,
-        )  # fmt: skip
-
-
 def test_compiled_graph_with_the_fused_op_lowers_it():
     """PyTorch keeps Dynamo out of its own fused optimizers (they run eagerly, as one
     op); code calling the op itself gets the functional `_fused_adamw` in its graph."""

@@ -164,17 +164,14 @@ def fused_sgd(
     found_inf=None,
 ):
     """With momentum the buffers are updated (set to the gradient on the first step);
-    without it PyTorch passes no buffers, and the list's emptiness says which."""
+    without it PyTorch passes no buffers, and the list's emptiness says which: momentum
+    is a run-time value (OneCycleLR cycles it every step), so the CPU kernel's refusal
+    of a non-zero momentum without buffers cannot be repeated here."""
     n = len(self)
     has_buffers = len(momentum_buffer_list) > 0
     _check_lengths("_fused_sgd_", n, grads=grads)
     buffers = momentum_buffer_list
     _check_lengths("_fused_sgd_", n if has_buffers else 0, momentum_buffer_list=buffers)
-    if isinstance(momentum, (int, float)) and (momentum != 0) != has_buffers:
-        raise RuntimeError(
-            f"_fused_sgd_: momentum={momentum} needs "
-            + ("one momentum buffer per parameter" if momentum else "an empty momentum_buffer_list")
-        )
     weight_decay, momentum, lr, dampening = map(_f64, (weight_decay, momentum, lr, dampening))
     new = ([], [], [])
     for i in range(n):
