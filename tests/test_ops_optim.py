@@ -114,6 +114,8 @@ def _assert_state_same(opt, cpu_opt, **tol):
 @pytest.mark.parametrize("mode", ["strict", "fused", "compiled"])
 @pytest.mark.parametrize("name,impl", CASES, ids=[f"{n}-{i}" for n, i in CASES])
 def test_optimizer_matches_cpu(name, impl, mode):
+    if mode == "compiled" and impl == "fused" and name != "adamw":
+        pytest.skip("PyTorch keeps Dynamo out of fused steps (they run eagerly): adamw shows it")
     cls, kwargs = CONFIGS[name]
     kwargs = {**kwargs, impl: True}
     expected, cpu_opt = _train("cpu", cls, kwargs)
