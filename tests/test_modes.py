@@ -124,7 +124,7 @@ def test_fused_training_loop_compiles_nothing_after_warmup():
             step()
         snap = torch_tpu.metrics.snapshot()
     assert snap.get("compiles", 0) == 0, snap
-    assert snap["segments_run"] >= 5 and snap["ops_deferred"] > 5 * 50
+    assert snap["segments_run"] >= 5 and snap["ops_deferred"] > 5 * 20  # foreach: one op a call
 
 
 def test_new_python_scalars_are_run_time_arguments(eager_mode):

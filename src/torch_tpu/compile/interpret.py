@@ -101,6 +101,12 @@ def _fma(args, val):
     return args[0] * args[1] + args[2]
 
 
+def _foreach_copy(args, val):
+    """`_foreach_copy` (functionalized `_foreach_copy_`, which eager runs as one `copy_`
+    per tensor): each source broadcast to its target."""
+    return [jnp.broadcast_to(jnp.asarray(s), tuple(v.shape)) for s, v in zip(args[1], val)]
+
+
 def _arange(bounds: int):
     """arange.default/start/start_step through eager's lowering of arange.start_out."""
 
@@ -130,6 +136,7 @@ SPECIAL: dict[str, Callable] = {
     "arange.start": _arange(2),
     "arange.start_step": _arange(3),
     "prims::fma.default": _fma,
+    "_foreach_copy.default": _foreach_copy,
 }
 
 # Random factories eager runs as empty + an in-place random op: (in-place lowering,

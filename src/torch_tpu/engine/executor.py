@@ -44,11 +44,16 @@ def make_spec(schema: OpSchema, lowering: Lowering, lowering_args=None, targets=
     if targets is None:
         names = [a.name for a in schema.args]
         targets = tuple(schema.return_aliases) + tuple(names.index(w) for w in lowering.writes)
-    kinds = tuple(
-        Kind.STATIC if (a.kind is Kind.SCALAR and lowering.static_scalars) else a.kind
-        for a in schema.args
-    )
+    kinds = tuple(_kind(a, lowering) for a in schema.args)
     return OpSpec(schema, lowering, tuple(lowering_args), tuple(targets), kinds)
+
+
+def _kind(arg, lowering: Lowering) -> Kind:
+    if arg.kind in (Kind.SCALAR, Kind.SCALAR_LIST) and lowering.static_scalars:
+        return Kind.STATIC
+    if arg.kind is Kind.STATIC and arg.name in lowering.runtime_floats:
+        return Kind.SCALAR
+    return arg.kind
 
 
 class _Inputs:
@@ -107,6 +112,10 @@ def _layout(spec: OpSpec, values: list, inputs: _Inputs) -> tuple:
         elif kind is Kind.SCALAR:
             layout.append(("s", len(inputs.dynamic), type(value)))
             inputs.dynamic.append(value)
+        elif kind is Kind.SCALAR_LIST:  # foreach ops' per-tensor scalars (bias corrections)
+            start = len(inputs.dynamic)
+            layout.append(("sl", tuple((start + k, type(v)) for k, v in enumerate(value))))
+            inputs.dynamic.extend(value)
         else:
             layout.append(("v", _static(value)))
     return tuple(layout)
@@ -358,7 +367,13 @@ def _abstract_storages(layout):
 
 
 def _abstract_dynamic(layout):
-    return tuple(e[2](0) for e in layout if e is not None and e[0] == "s")  # weakly typed
+    out = []  # weakly typed stand-ins, in the order _layout numbered them
+    for e in layout:
+        if e is not None and e[0] == "s":
+            out.append(e[2](0))
+        elif e is not None and e[0] == "sl":
+            out.extend(kind(0) for _, kind in e[1])
+    return tuple(out)
 
 
 def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
@@ -393,6 +408,8 @@ def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
                 return [value(r) for r in entry[1]]
             if tag == "s":
                 return dynamic[entry[1]]
+            if tag == "sl":
+                return [dynamic[index] for index, _ in entry[1]]
             return entry[1]
 
         lowering_inputs = [arg(layout[i]) for i in spec.lowering_args]

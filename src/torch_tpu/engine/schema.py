@@ -14,6 +14,7 @@ class Kind(enum.Enum):
     TENSOR_LIST = "tensor list"
     INDEX_LIST = "optional tensor list"  # Tensor?[]: indices, which may live on the CPU
     SCALAR = "scalar"  # a runtime value unless the lowering wants it static
+    SCALAR_LIST = "scalar list"  # Scalar[] (foreach ops): each a runtime value, as SCALAR
     STATIC = "static"  # ints, shapes, dtypes, flags: part of the cache key
 
 
@@ -24,6 +25,7 @@ _KINDS = {
     "List[Optional[Tensor]]": Kind.INDEX_LIST,
     "number": Kind.SCALAR,
     "Optional[number]": Kind.SCALAR,
+    "List[number]": Kind.SCALAR_LIST,
 }
 
 

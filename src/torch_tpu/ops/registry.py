@@ -33,6 +33,9 @@ class Lowering:
     # fused LSTM cell without biases; MHA's absent weights): output shapes come from the
     # lowering itself, as for ops with no meta kernel
     skip_meta: bool = False
+    # float arguments passed at run time like Scalars (an optimizer's lr and betas, which
+    # a scheduler changes every step): no recompile per value
+    runtime_floats: tuple[str, ...] = ()
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -52,6 +55,7 @@ def lower(
     writes: tuple[str, ...] = (),
     contiguity: bool = False,
     skip_meta: bool = False,
+    runtime_floats: tuple[str, ...] = (),
 ) -> Callable[[Callable], Callable]:
     """Register fn as the lowering of each named aten overload."""
 
@@ -61,7 +65,15 @@ def lower(
             if key in LOWERINGS:
                 raise ValueError(f"aten::{key} is lowered twice")
             LOWERINGS[key] = Lowering(
-                key, fn, static_scalars, random, dynamic_shape, writes, contiguity, skip_meta
+                key,
+                fn,
+                static_scalars,
+                random,
+                dynamic_shape,
+                writes,
+                contiguity,
+                skip_meta,
+                runtime_floats,
             )
         return fn
 
