@@ -510,7 +510,12 @@ lower("fmin.default")(_binary(jnp.fmin, Promo.NO_OPMATH))  # NaN ignored
 lower("fmax.default")(_binary(jnp.fmax, Promo.NO_OPMATH))
 
 
-@lower("clamp.default", "clamp.Tensor")
+def _check_clamp(values: list) -> None:
+    if values[1] is None and values[2] is None:  # (PyTorch's meta raises ValueError)
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+
+
+@lower("clamp.default", "clamp.Tensor", check=_check_clamp)
 def clamp(self, min=None, max=None):
     """max(x, min) then min(.., max): a NaN anywhere gives NaN; min > max gives max."""
     x, lo, hi = _cast(Promo.NO_OPMATH, self, min, max)

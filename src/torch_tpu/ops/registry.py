@@ -29,6 +29,10 @@ class Lowering:
     # fn also gets contiguous=(bool per tensor argument): for the few ops whose results
     # PyTorch defines by the input's memory layout (det's LU factors)
     contiguity: bool = False
+    # PyTorch's argument checks that its meta kernels miss (data-dependent ops, ops whose
+    # meta raises the wrong type): called with the op's bound arguments before anything
+    # runs, on every call, so it must be cheap and sync only where CPU would (bool masks)
+    check: Callable[[list], None] | None = None
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -47,6 +51,7 @@ def lower(
     dynamic_shape: bool | Callable[[list], bool] = False,
     writes: tuple[str, ...] = (),
     contiguity: bool = False,
+    check: Callable[[list], None] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register fn as the lowering of each named aten overload."""
 
@@ -56,7 +61,7 @@ def lower(
             if key in LOWERINGS:
                 raise ValueError(f"aten::{key} is lowered twice")
             LOWERINGS[key] = Lowering(
-                key, fn, static_scalars, random, dynamic_shape, writes, contiguity
+                key, fn, static_scalars, random, dynamic_shape, writes, contiguity, check
             )
         return fn
 
