@@ -19,6 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 
 from .. import cache, dtypes, metrics, rng, strided
+from ..ops.pointwise import convert
 from ..ops.registry import Lowering
 from ..tensor import new_tensor, replace_storage, storage_of, view_of
 from . import debug, fuse, modes
@@ -467,7 +468,7 @@ def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
             for ref, val in zip(refs, outs):
                 slot, view = ref
                 base = new.get(slot, storages[slot])
-                new[slot] = strided.write(base, view, jnp.asarray(val))
+                new[slot] = strided.write(base, view, convert(val, view.dtype))
         return fresh, tuple(new[s] for s in written_slots)
 
     return program
@@ -495,7 +496,7 @@ def checked_result(out, shape: tuple, dtype: torch.dtype, op: str):
             f"tpu lowering of {op} produced shape {tuple(out.shape)}, "
             f"PyTorch expects {tuple(shape)}"
         )
-    return out.astype(dtypes.TORCH_TO_JAX[dtype])
+    return convert(out, dtypes.TORCH_TO_JAX[dtype])
 
 
 # ----------------------------------------------------- data-dependent shapes

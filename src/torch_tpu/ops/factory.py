@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -27,7 +29,9 @@ def fill_scalar(self, value):
 
 @lower("fill_.Tensor")
 def fill_tensor(self, value):
-    return jnp.broadcast_to(value.astype(self.dtype), self.shape)
+    from .pointwise import convert
+
+    return jnp.broadcast_to(convert(value, self.dtype), self.shape)
 
 
 @lower("zero_.default")
@@ -67,11 +71,25 @@ def linspace(start, end, steps, out=None):
     return _symmetric_ramp(start, end, steps, out.dtype)
 
 
-@lower("logspace.out")
+def _integral_exponents(start, end, steps: int) -> np.ndarray:
+    """PyTorch's exponents for an integer logspace, in IEEE double on the host: XLA
+    fuses `end - step * k` into one FMA, and 10 ** -4e-17 truncates to 0, not 1.
+    One step uses start as it is; more truncate the bounds first, as CPU does."""
+    if steps == 1:
+        return np.array([float(start)])
+    start, end = float(math.trunc(start)), float(math.trunc(end))
+    step = (end - start) / (steps - 1)
+    i = np.arange(steps)
+    return np.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
+
+
+@lower("logspace.out", static_scalars=True)
 def logspace(start, end, steps, base=10.0, out=None):
-    exponent_dtype = jnp.complex128 if jnp.iscomplexobj(out) else jnp.float64
+    """Bounds are compile-time constants: the exponents of integer results are
+    computed on the host (see _integral_exponents)."""
     if _is_integral(out.dtype):
-        start, end = jnp.trunc(start), jnp.trunc(end)
+        return jnp.asarray(np.power(float(base), _integral_exponents(start, end, steps)))
+    exponent_dtype = jnp.complex128 if jnp.iscomplexobj(out) else jnp.float64
     return jnp.power(base, _symmetric_ramp(start, end, steps, exponent_dtype))
 
 

@@ -26,6 +26,22 @@ from .registry import lower
 # ------------------------------------------------------------ type promotion
 
 
+def convert(x, dtype):
+    """x as dtype, converting floats to integers as PyTorch's CPU kernels do on x86
+    (XLA saturates instead): truncate through int32 (int64 for 64-bit targets), a value
+    out of that range or NaN becoming its minimum, then wrap to the target's width
+    (-3.7 -> uint8 253, 300.0 -> int8 44)."""
+    x, dtype = jnp.asarray(x), jnp.dtype(dtype)
+    if not (jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(dtype, jnp.integer)):
+        return x.astype(dtype)
+    via = jnp.int64 if dtype.itemsize == 8 else jnp.int32
+    limit = float(2 ** (jnp.iinfo(via).bits - 1))
+    whole = jnp.trunc(x)
+    fits = (whole >= -limit) & (whole < limit)
+    wide = jnp.where(fits, jnp.where(fits, whole, 0).astype(via), jnp.iinfo(via).min)
+    return wide.astype(dtype)
+
+
 def _is_scalar(x) -> bool:
     """A Scalar argument: a Python number, or one traced as a weakly typed value."""
     if isinstance(x, (bool, int, float, complex)):
