@@ -147,8 +147,8 @@ def _resize(self, size, memory_format=None):
     size = tuple(size)
     # PyTorch's strides for the requested format (channels_last...); meta tensors give
     # them, and its own checks (negative sizes, a format of another rank)
-    strides = torch.empty(size, memory_format=memory_format or torch.contiguous_format,
-                          device="meta").stride()
+    layout = memory_format or torch.contiguous_format
+    strides = torch.empty(size, memory_format=layout, device="meta").stride()
     if tuple(self.shape) != size or tuple(self.stride()) != strides:
         old = self.detach().clone() if self.numel() else None
         replace_storage(self, size, strides)
@@ -206,9 +206,8 @@ def _record_stream(self, stream):
 
 def _register_specials() -> None:
     global _COPY
-    from ..ops.registry import Lowering as _L
-
     from ..ops.pointwise import convert
+    from ..ops.registry import Lowering as _L
 
     _COPY = executor.make_spec(
         parse(torch.ops.aten.copy_.default),
