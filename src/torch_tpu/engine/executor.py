@@ -19,7 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 
 from .. import cache, dtypes, metrics, rng, strided
-from ..ops.pointwise import convert
+from ..ops.pointwise import convert, scalar_type_name
 from ..ops.registry import Lowering
 from ..tensor import new_tensor, replace_storage, storage_of, view_of
 from . import debug, fuse, modes
@@ -325,6 +325,7 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
     resize = {}
     fresh_meta = []
     if meta_values is not None:
+        _check_out_casts(spec, meta_values)
         for k, target in enumerate(spec.targets):
             if target is None:
                 fresh_meta.append(_describe(results[k]))
@@ -352,6 +353,31 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         spec.schema.name,
         _signature(spec, layout),
     )
+
+
+def _check_out_casts(spec: OpSpec, meta_values: list) -> None:
+    """CPU's rule for an out= variant derived from a functional lowering: the functional
+    result's dtype must cast safely to out's (some of PyTorch's meta kernels for out=
+    variants accept any dtype, e.g. angle's)."""
+    if not any(a.is_out for a in spec.schema.op._schema.arguments):
+        return
+    packet, _, overload = spec.lowering.name.partition(".")
+    functional = getattr(getattr(torch.ops.aten, packet), overload)
+    if functional is spec.schema.op:
+        return
+    try:
+        results = functional(*[meta_values[i] for i in spec.lowering_args])
+    except Exception:  # the out= variant's own meta kernel has already judged the call
+        return
+    results = results if isinstance(results, tuple) else (results,)
+    for result, target in zip(results, spec.targets):
+        out = None if target is None else meta_values[target]
+        if isinstance(out, torch.Tensor) and isinstance(result, torch.Tensor):
+            if not torch.can_cast(result.dtype, out.dtype):
+                raise RuntimeError(
+                    f"result type {scalar_type_name(result.dtype)} can't be cast to the desired "
+                    f"output type {scalar_type_name(out.dtype)}"
+                )
 
 
 def _signature(spec: OpSpec, layout: tuple) -> list:
@@ -533,32 +559,11 @@ def _write_out(spec: OpSpec, out: torch.Tensor, result: torch.Tensor) -> None:
     if out.dtype != result.dtype:
         raise RuntimeError(
             f"{spec.schema.name.partition('.')[0]}: Expected out tensor to have scalar type "
-            f"{dtypes_name(result.dtype)} but got scalar type {dtypes_name(out.dtype)}"
+            f"{scalar_type_name(result.dtype)} but got scalar type {scalar_type_name(out.dtype)}"
         )
     if tuple(out.shape) != tuple(result.shape):
         replace_storage(out, tuple(result.shape))
     out.copy_(result)
-
-
-_SCALAR_TYPE_NAMES = {
-    torch.bool: "Bool",
-    torch.uint8: "Byte",
-    torch.int8: "Char",
-    torch.int16: "Short",
-    torch.int32: "Int",
-    torch.int64: "Long",
-    torch.float16: "Half",
-    torch.bfloat16: "BFloat16",
-    torch.float32: "Float",
-    torch.float64: "Double",
-    torch.complex64: "ComplexFloat",
-    torch.complex128: "ComplexDouble",
-}
-
-
-def dtypes_name(dtype: torch.dtype) -> str:
-    """PyTorch's C++ name of a dtype (Long, Float, ...), as its error messages spell it."""
-    return _SCALAR_TYPE_NAMES.get(dtype, str(dtype))
 
 
 def _flat(value):

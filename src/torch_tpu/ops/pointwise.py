@@ -238,13 +238,52 @@ def _frac(x):
     return x - jnp.trunc(x)
 
 
-lower("neg.default", "_neg_view.default")(_unary(jnp.negative, Promo.DEFAULT))
+def _same_dtype_out(values: list) -> None:
+    """Ops whose CPU kernel wants out= in the input's dtype (no cast on the way out)."""
+    out = values[-1]
+    if len(values) > 1 and isinstance(out, torch.Tensor) and out.dtype != values[0].dtype:
+        found, expected = scalar_type_name(out.dtype), scalar_type_name(values[0].dtype)
+        raise RuntimeError(f"Found dtype {found} but expected {expected}")
+
+
+def _nan_to_num_out(values: list) -> None:
+    out = values[-1]
+    if len(values) > 4 and isinstance(out, torch.Tensor) and out.dtype != values[0].dtype:
+        raise RuntimeError(
+            f"nan_to_num: dtype of out: {scalar_type_name(out.dtype)} should be same as "
+            f"input: {scalar_type_name(values[0].dtype)}"
+        )
+
+
+_NAMES = {
+    torch.bool: "Bool",
+    torch.uint8: "Byte",
+    torch.int8: "Char",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+}
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """PyTorch's C++ name of a dtype (Long, Float, ...), as its error messages spell it."""
+    return _NAMES.get(dtype, str(dtype))
+
+lower("neg.default", check=_same_dtype_out)(_unary(jnp.negative, Promo.DEFAULT))
+lower("_neg_view.default")(_unary(jnp.negative, Promo.DEFAULT))
 lower("abs.default")(_unary(jnp.abs, Promo.DEFAULT))
 lower("sign.default")(_unary(_sign, Promo.DEFAULT))
 lower("sgn.default")(_unary(_sgn, Promo.DEFAULT))
 lower("floor.default")(_unary(_keep_ints(jnp.floor), Promo.DEFAULT))
 lower("ceil.default")(_unary(_keep_ints(jnp.ceil), Promo.DEFAULT))
-lower("round.default")(_unary(_keep_ints(jnp.round), Promo.DEFAULT))  # half to even
+# half to even
+lower("round.default", check=_same_dtype_out)(_unary(_keep_ints(jnp.round), Promo.DEFAULT))
 lower("trunc.default")(_unary(_keep_ints(jnp.trunc), Promo.DEFAULT))
 lower("frac.default")(_unary(_frac, Promo.DEFAULT))
 
@@ -561,7 +600,7 @@ def where(condition, self, other):
 # ------------------------------------------------------- float classification
 
 
-@lower("nan_to_num.default")
+@lower("nan_to_num.default", check=_nan_to_num_out)
 def nan_to_num(self, nan=None, posinf=None, neginf=None):
     if _is_complex(self):
         parts = (nan_to_num(p, nan, posinf, neginf) for p in (self.real, self.imag))
@@ -620,7 +659,7 @@ for _name, _fn in {"and": jnp.bitwise_and, "or": jnp.bitwise_or, "xor": jnp.bitw
     lower(f"bitwise_{_name}.Tensor", f"bitwise_{_name}.Scalar", f"bitwise_{_name}.Scalar_Tensor")(
         _binary(_fn)
     )
-lower("bitwise_not.default")(_unary(jnp.invert, Promo.NO_OPMATH))
+lower("bitwise_not.default", check=_same_dtype_out)(_unary(jnp.invert, Promo.NO_OPMATH))
 
 # XLA shifts give 0 (left) or the sign fill (right) for counts outside the
 # type's width, negative counts included: PyTorch's semantics.
