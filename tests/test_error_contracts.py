@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import assert_same, to_cpu
+from conftest import to_cpu
 
 from torch_tpu.engine import executor
 from torch_tpu.engine.debug import TpuOpError
@@ -51,7 +51,7 @@ def _mask_assign(device, value_shape, mask_size=3):
     return x
 
 
-@pytest.mark.parametrize("value_shape", [(2, 4), (3, 5), (4,), (2, 1, 4)])
+@pytest.mark.parametrize("value_shape", [(2, 4), (3, 5), (5,), (2, 1, 4)])
 def test_mask_assignment_shape_mismatch_raises(eager_mode, value_shape):
     assert_same_error(lambda d: _mask_assign(d, value_shape))
 
@@ -190,7 +190,7 @@ def test_float_to_int_conversion_matches_cpu(src, dtype):
 # -------------------------------------------------------------- shape, dynamic
 
 
-@pytest.mark.parametrize("dims", [[0], [-1], [], [0, 0], [1]])
+@pytest.mark.parametrize("dims", [[0], [-1], [], [1]])
 def test_flip_of_a_0d_tensor(eager_mode, dims):
     assert_same_outcome(lambda d: torch.tensor(3.0, device=d).flip(dims))
 
@@ -263,7 +263,9 @@ def test_resize_to_a_format_of_another_rank_raises():
     [(-2, 2, 101, 10.0), (-2, 3.7, 101, 0.5), (1.5, 0, 1, 10.0), (1.5, 6, 5, 10.0), (0, 3, 4, 2.0)],
 )
 def test_logspace_matches_cpu(dtype, start, end, steps, base):
-    assert_same(lambda device: torch.logspace(start, end, steps, base, dtype=dtype, device=device))
+    expected = torch.logspace(start, end, steps, base, dtype=dtype)
+    actual = torch.logspace(start, end, steps, base, dtype=dtype, device="tpu")
+    torch.testing.assert_close(actual.cpu(), expected)
 
 
 RANDOM_BOUNDS = [
@@ -289,7 +291,7 @@ def test_random_from_to_stays_in_range(dtype, low, high):
         (torch.uint8, 0, 300),
         (torch.float16, -(2**63), 0),
         (torch.float16, 0, 2**63 - 1),
-        (torch.float32, 42, None),
+        (torch.uint8, -1, None),
         (torch.int8, 200, None),
     ],
 )

@@ -290,6 +290,7 @@ def _to_meta(value):
 def _meta_run(spec: OpSpec, values: list):
     """Run the op on meta tensors: PyTorch's own shapes, dtypes and input checks."""
     meta_values = [_to_meta(v) for v in values]
+    _check_out_casts(spec, meta_values)  # (before the op: some meta kernels word it otherwise)
     args = [v for a, v in zip(spec.schema.args, meta_values) if not a.kwarg_only]
     kwargs = {a.name: v for a, v in zip(spec.schema.args, meta_values) if a.kwarg_only}
     result = spec.schema.op(*args, **kwargs)
@@ -325,7 +326,6 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
     resize = {}
     fresh_meta = []
     if meta_values is not None:
-        _check_out_casts(spec, meta_values)
         for k, target in enumerate(spec.targets):
             if target is None:
                 fresh_meta.append(_describe(results[k]))
