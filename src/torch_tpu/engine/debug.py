@@ -22,12 +22,31 @@ class TpuOpError(RuntimeError):
     """An op failed (or, with NaN checks on, produced NaN/Inf) in debug mode."""
 
 
+_ERROR_TYPES: dict[type, type] = {}
+
+
+def _error_type(original: type) -> type:
+    """TpuOpError that is also the original exception's type, so `except IndexError`
+    (and PyTorch's own tests) see in debug mode what they see on CPU."""
+    if issubclass(original, TpuOpError) or original is RuntimeError:
+        return TpuOpError
+    kind = _ERROR_TYPES.get(original)
+    if kind is None:
+        try:
+            kind = type(f"TpuOpError[{original.__name__}]", (TpuOpError, original), {})
+        except TypeError:  # an exception type with its own instance layout
+            kind = TpuOpError
+        _ERROR_TYPES[original] = kind
+    return kind
+
+
 def user_line() -> str:
     """The innermost stack frame outside torch, jax and torch_tpu: the user's line."""
     for frame in reversed(traceback.extract_stack()):
         if not frame.filename.startswith(_INTERNAL):
-            code = (frame.line or "").strip()
-            return f'{frame.filename}:{frame.lineno} in {frame.name}: "{code}"'
+            code = (frame.line or "").strip()  # empty for `python -c` and the REPL
+            where = f"{frame.filename}:{frame.lineno} in {frame.name}"
+            return f'{where}: "{code}"' if code else where
     return "<unknown>"
 
 
@@ -51,7 +70,7 @@ def guarded(run, spec, args: tuple, kwargs: dict):
         raise
     except Exception as e:
         values = list(args) + list(kwargs.values())
-        raise TpuOpError(
+        raise _error_type(type(e))(
             f"{spec.schema.name} failed on ({describe(values)}) at {user_line()}: "
             f"{type(e).__name__}: {e}"
         ) from e

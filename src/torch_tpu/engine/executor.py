@@ -10,14 +10,16 @@ the host waits only when it reads a value.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException
 
 from .. import cache, dtypes, metrics, rng, strided
+from ..ops.pointwise import convert, scalar_type_name
 from ..ops.registry import Lowering
 from ..tensor import new_tensor, replace_storage, storage_of, view_of
 from . import debug, fuse, modes
@@ -132,9 +134,12 @@ class _Executable:
     resize: dict  # arg index -> shape that out= arguments must be resized to first
     name: str = ""  # the ATen op, for metrics and segment names
     signature: list = field(default_factory=list)  # (arg, storage shape, dtype) per slot
+    recheck: bool = False  # the lowering's check depends on values: run it on every call
+    traced: bool = False  # the program traced once without error (fused mode checks first)
 
 
 _CACHE: dict[tuple, _Executable] = {}
+_DEBUG = modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
 cache.on_clear(_CACHE.clear)
 
 
@@ -152,13 +157,20 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
     key = (spec, layout)
     entry = _CACHE.get(key)
     metrics.count("ops_dispatched")
+    check = spec.lowering.check
     if entry is None:
+        # PyTorch's checks its meta kernels miss; a True verdict means "depends on
+        # values": run again on every call of this key (index bounds, mask counts)
+        recheck = check is not None and bool(check(values))
         dynamic = spec.lowering.dynamic_shape
         if dynamic is True or (dynamic and dynamic(values)):
             return _run_unjitted(spec, values, layout, inputs)
         entry = _CACHE[key] = _build(spec, values, layout)
+        entry.recheck = recheck
     else:
         metrics.count("cache_hits")
+        if check is not None and (entry.recheck or modes.current is _DEBUG):
+            check(values)  # (debug mode also checks values that cost a sync: index bounds)
     if entry.resize:  # out= arguments of the wrong size: resize them, then run
         for index, shape in entry.resize.items():
             replace_storage(values[index], shape)
@@ -183,11 +195,13 @@ def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
     mode = modes.current
     if mode is modes.EagerMode.DEFER_AND_FUSE:
         current = [s.current() for s in inputs.storages]
+        if not entry.traced:
+            _trace_once(spec, entry, inputs.storages, dynamic)
         fresh, written = fuse.record(entry, current, dynamic, _key_inputs(spec))
     else:
         arrays = tuple(s.array() for s in inputs.storages)
         key_inputs = _key_inputs(spec)
-        fn = entry.fn or _compile(entry, arrays, dynamic, key_inputs)
+        fn = entry.fn or _compile(spec, entry, arrays, dynamic, key_inputs)
         if mode is modes.EagerMode.DEFER_NEVER:
             fresh, written = fn(arrays, dynamic, key_inputs)
         else:
@@ -198,15 +212,53 @@ def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
     return _returns(spec, values, tensors)
 
 
-def _compile(entry: _Executable, arrays: tuple, dynamic: tuple, key_inputs: tuple):
-    entry.fn = cache.compile(
-        entry.program,
-        (arrays, dynamic, key_inputs),
-        kind="op",
-        name=entry.name,
-        signature=entry.signature,
-    )
+def _compile(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple, key_inputs: tuple):
+    with lowering_errors(spec.schema.name):
+        entry.fn = cache.compile(
+            entry.program,
+            (arrays, dynamic, key_inputs),
+            kind="op",
+            name=entry.name,
+            signature=entry.signature,
+        )
+    entry.traced = True
     return entry.fn
+
+
+def _trace_once(spec: OpSpec, entry: _Executable, storages: list, dynamic: tuple) -> None:
+    """Fused mode traces an op's program only when its segment flushes; tracing it once
+    here, at its first call, makes a lowering's failure name this op, not the flush."""
+    storages = tuple(jax.ShapeDtypeStruct((s.numel,), s.dtype) for s in storages)
+    key_inputs = (np.uint64(0), np.uint64(0)) if spec.lowering.random else ()
+    with lowering_errors(spec.schema.name):
+        jax.eval_shape(entry.program, storages, dynamic, key_inputs)
+    entry.traced = True
+
+
+# Exception types a lowering raises on purpose, with PyTorch's message; anything else
+# escaping from JAX or a lowering is a bug of ours and is reported as one
+_DELIBERATE = (RuntimeError, NotImplementedError)
+
+
+class lowering_errors:
+    """Last resort: an exception from inside JAX or a lowering (a TypeError, an XLA
+    error) becomes a RuntimeError naming the op. PyTorch's own argument checks run
+    before this point (meta kernels, lowering checks), so users see CPU's errors."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, tb) -> bool:
+        if error is None or type(error) in _DELIBERATE or not isinstance(error, Exception):
+            return False
+        raise RuntimeError(
+            f"tpu: {self.op} failed inside its XLA lowering ({type(error).__name__}: {error})"
+        ) from error
 
 
 def _wrap(meta, value):
@@ -247,6 +299,7 @@ def _to_meta(value):
 def _meta_run(spec: OpSpec, values: list):
     """Run the op on meta tensors: PyTorch's own shapes, dtypes and input checks."""
     meta_values = [_to_meta(v) for v in values]
+    _check_out_casts(spec, meta_values)  # (before the op: some meta kernels word it otherwise)
     args = [v for a, v in zip(spec.schema.args, meta_values) if not a.kwarg_only]
     kwargs = {a.name: v for a, v in zip(spec.schema.args, meta_values) if a.kwarg_only}
     result = spec.schema.op(*args, **kwargs)
@@ -311,6 +364,31 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         spec.schema.name,
         _signature(spec, layout),
     )
+
+
+def _check_out_casts(spec: OpSpec, meta_values: list) -> None:
+    """CPU's rule for an out= variant derived from a functional lowering: the functional
+    result's dtype must cast safely to out's (some of PyTorch's meta kernels for out=
+    variants accept any dtype, e.g. angle's)."""
+    if not any(a.is_out for a in spec.schema.op._schema.arguments):
+        return
+    packet, _, overload = spec.lowering.name.partition(".")
+    functional = getattr(getattr(torch.ops.aten, packet), overload)
+    if functional is spec.schema.op:
+        return
+    try:
+        results = functional(*[meta_values[i] for i in spec.lowering_args])
+    except Exception:  # the out= variant's own meta kernel has already judged the call
+        return
+    results = results if isinstance(results, tuple) else (results,)
+    for result, target in zip(results, spec.targets):
+        out = None if target is None else meta_values[target]
+        if isinstance(out, torch.Tensor) and isinstance(result, torch.Tensor):
+            if not torch.can_cast(result.dtype, out.dtype):
+                raise RuntimeError(
+                    f"result type {scalar_type_name(result.dtype)} can't be cast to the desired "
+                    f"output type {scalar_type_name(out.dtype)}"
+                )
 
 
 def _signature(spec: OpSpec, layout: tuple) -> list:
@@ -435,7 +513,7 @@ def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
             for ref, val in zip(refs, outs):
                 slot, view = ref
                 base = new.get(slot, storages[slot])
-                new[slot] = strided.write(base, view, jnp.asarray(val))
+                new[slot] = strided.write(base, view, convert(val, view.dtype))
         return fresh, tuple(new[s] for s in written_slots)
 
     return program
@@ -463,7 +541,7 @@ def checked_result(out, shape: tuple, dtype: torch.dtype, op: str):
             f"tpu lowering of {op} produced shape {tuple(out.shape)}, "
             f"PyTorch expects {tuple(shape)}"
         )
-    return out.astype(dtypes.TORCH_TO_JAX[dtype])
+    return convert(out, dtypes.TORCH_TO_JAX[dtype])
 
 
 # ----------------------------------------------------- data-dependent shapes
@@ -472,14 +550,39 @@ def checked_result(out, shape: tuple, dtype: torch.dtype, op: str):
 def _run_unjitted(spec: OpSpec, values: list, layout: tuple, inputs: _Inputs):
     """Ops whose output shape depends on values (nonzero, unique): run op by op on
     concrete arrays, syncing with the device, as a TPU must."""
+    try:  # PyTorch's checks (most meta kernels stop at the data-dependent size)
+        _meta_run(spec, values)
+    except (NotImplementedError, DataDependentOutputException):
+        pass
     metrics.count("host_syncs")
     metrics.count(f"host sync: {spec.schema.name}")
     arrays = tuple(s.array(spec.schema.name) for s in inputs.storages)
-    program = _program(spec, layout, None, ())
+    # every result fresh: out= arguments take them below, once their size is known
+    as_fresh = replace(spec, targets=tuple(None for _ in spec.targets))
+    program = _program(as_fresh, layout, None, ())
     dynamic = tuple(jnp.asarray(v) for v in inputs.dynamic)  # run outside jit
-    fresh, _ = program(arrays, dynamic, _key_inputs(spec))
+    with lowering_errors(spec.schema.name):
+        fresh, _ = program(arrays, dynamic, _key_inputs(spec))
     tensors = [_wrap(_meta_of(f), _flat(f)) for f in fresh]
-    return _returns(spec, values, tensors)
+    results = []
+    for target, tensor in zip(spec.targets, tensors):
+        if target is None:
+            results.append(tensor)
+        elif values[target] is not None:
+            _write_out(spec, values[target], tensor)
+    return _returns(spec, values, results)
+
+
+def _write_out(spec: OpSpec, out: torch.Tensor, result: torch.Tensor) -> None:
+    """A data-dependent result into its out= argument: resized as PyTorch resizes it."""
+    if out.dtype != result.dtype:
+        raise RuntimeError(
+            f"{spec.schema.name.partition('.')[0]}: Expected out tensor to have scalar type "
+            f"{scalar_type_name(result.dtype)} but got scalar type {scalar_type_name(out.dtype)}"
+        )
+    if tuple(out.shape) != tuple(result.shape):
+        replace_storage(out, tuple(result.shape))
+    out.copy_(result)
 
 
 def _flat(value):

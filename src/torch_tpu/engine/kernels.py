@@ -145,13 +145,19 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 
 def _resize(self, size, memory_format=None):
     size = tuple(size)
-    if tuple(self.shape) != size:
+    # PyTorch's strides for the requested format (channels_last...); meta tensors give
+    # them, and its own checks (negative sizes, a format of another rank)
+    layout = memory_format or torch.contiguous_format
+    strides = torch.empty(size, memory_format=layout, device="meta").stride()
+    if tuple(self.shape) != size or tuple(self.stride()) != strides:
         old = self.detach().clone() if self.numel() else None
-        replace_storage(self, size)
+        replace_storage(self, size, strides)
         if old is not None and self.numel():
-            # PyTorch keeps the leading elements when a tensor grows or shrinks.
+            # PyTorch keeps the leading elements (in storage order) when a tensor
+            # grows, shrinks or is restrided
             keep = min(old.numel(), self.numel())
-            self.view(-1)[:keep].copy_(old.reshape(-1)[:keep])
+            flat = self.as_strided((keep,), (1,), self.storage_offset())
+            flat.copy_(old.reshape(-1)[:keep])
     return self
 
 
@@ -215,11 +221,12 @@ def _record_stream(self, stream):
 
 def _register_specials() -> None:
     global _COPY
+    from ..ops.pointwise import convert
     from ..ops.registry import Lowering as _L
 
     _COPY = executor.make_spec(
         parse(torch.ops.aten.copy_.default),
-        _L("copy_.default", lambda self, src, non_blocking: src),
+        _L("copy_.default", lambda self, src, non_blocking: convert(src, self.dtype)),
     )
     _impl("empty.memory_format", _empty, "special")
     _impl("empty_strided", _empty_strided, "special")

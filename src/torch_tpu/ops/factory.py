@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -27,7 +29,9 @@ def fill_scalar(self, value):
 
 @lower("fill_.Tensor")
 def fill_tensor(self, value):
-    return jnp.broadcast_to(value.astype(self.dtype), self.shape)
+    from .pointwise import convert
+
+    return jnp.broadcast_to(convert(value, self.dtype), self.shape)
 
 
 @lower("zero_.default")
@@ -67,11 +71,26 @@ def linspace(start, end, steps, out=None):
     return _symmetric_ramp(start, end, steps, out.dtype)
 
 
-@lower("logspace.out")
+def _integral_exponents(start, end, steps: int, dtype) -> np.ndarray:
+    """PyTorch's exponents for an integer logspace, in IEEE double on the host: XLA
+    fuses `end - step * k` into one FMA, and 10 ** -4e-17 truncates to 0, not 1.
+    One step uses start as it is; more first convert the bounds to the result's dtype
+    as CPU does (truncated, and wrapped: -2 is 254 for uint8)."""
+    if steps == 1:
+        return np.array([float(start)])
+    start, end = (float(np.array(math.trunc(v)).astype(dtype)) for v in (start, end))
+    step = (end - start) / (steps - 1)
+    i = np.arange(steps)
+    return np.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
+
+
+@lower("logspace.out", static_scalars=True)
 def logspace(start, end, steps, base=10.0, out=None):
-    exponent_dtype = jnp.complex128 if jnp.iscomplexobj(out) else jnp.float64
+    """Bounds are compile-time constants: the exponents of integer results are
+    computed on the host (see _integral_exponents)."""
     if _is_integral(out.dtype):
-        start, end = jnp.trunc(start), jnp.trunc(end)
+        return jnp.asarray(np.power(float(base), _integral_exponents(start, end, steps, out.dtype)))
+    exponent_dtype = jnp.complex128 if jnp.iscomplexobj(out) else jnp.float64
     return jnp.power(base, _symmetric_ramp(start, end, steps, exponent_dtype))
 
 

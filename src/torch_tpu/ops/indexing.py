@@ -76,11 +76,138 @@ def _concrete_indices(indices) -> list:
     return out
 
 
+# ------------------------------------------------------------ argument checks
+
+
+def _index_bounds(ix: torch.Tensor, dim: int, size: int) -> None:
+    lo, hi = (int(v) for v in torch.aminmax(ix))
+    for bad in (lo, hi):
+        if not -size <= bad < size:
+            raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+
+
+def _check_indices(self: torch.Tensor, indices: list) -> None:
+    """CPU's IndexErrors for an index list, before anything runs: masks that do not
+    match the indexed shape, too many indices, indices into an empty dimension, and
+    out-of-range values where they are on the host (free to read) or in debug mode
+    (device values cost a sync: strict and fused modes leave them to XLA's clamping,
+    see docs/differences.md)."""
+    from ..engine import modes
+
+    checked_values = modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    shape, dim = tuple(self.shape), 0
+    for ix in indices:
+        if ix is None:
+            dim += 1
+            continue
+        if ix.dtype not in _INDEX_DTYPES:
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        if ix.dtype in (torch.bool, torch.uint8):
+            for k, size in enumerate(ix.shape):
+                if dim + k < len(shape) and size != shape[dim + k]:
+                    raise IndexError(
+                        f"The shape of the mask {list(ix.shape)} at index {k} does not match "
+                        f"the shape of the indexed tensor {list(shape)} at index {dim + k}"
+                    )
+            dim += ix.dim()
+            continue
+        if dim < len(shape) and ix.numel():
+            if shape[dim] == 0:
+                raise IndexError("index is out of bounds for dimension with size 0")
+            if ix.is_cpu or checked_values:
+                _index_bounds(ix, dim, shape[dim])
+        dim += 1
+    if dim > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)} (got {dim})")
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.uint8, torch.bool)
+
+
+def _check_index(values: list) -> bool:
+    _check_indices(values[0], values[1])
+    return True  # depends on the index values: checked on every call
+
+
+def _check_index_put(values: list) -> bool:
+    """index_put's checks, and CPU's shape-mismatch error for values that do not
+    broadcast to as many positions as a mask selects (one count read: CPU and CUDA
+    read it too, to turn the mask into indices)."""
+    self, indices, source = values[0], values[1], values[2]
+    _check_indices(self, indices)
+    if source.numel() == 1:
+        return True
+    shapes = []  # per index, the shape of the integer index it amounts to
+    for ix in indices:
+        if ix is None:
+            shapes.append(None)
+        elif ix.dtype in (torch.bool, torch.uint8):
+            count = int(torch.count_nonzero(ix))
+            shapes.extend((count,) for _ in ix.shape)
+        else:
+            shapes.append(tuple(ix.shape))
+    _check_broadcast(tuple(source.shape), _indexed_meta_shape(tuple(self.shape), tuple(shapes)))
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def _indexed_meta_shape(shape: tuple, index_shapes: tuple) -> tuple:
+    """x[indices]'s shape by PyTorch's own rule (its meta kernel), per geometry."""
+    meta = [
+        None if s is None else torch.empty(s, dtype=torch.long, device="meta")
+        for s in index_shapes
+    ]
+    return tuple(torch.ops.aten.index.Tensor(torch.empty(shape, device="meta"), meta).shape)
+
+
+def _check_broadcast(source: tuple, target: tuple) -> None:
+    shape = list(source)
+    while len(shape) > len(target) and shape[0] == 1:  # leading 1s, as `x[i] = v` allows
+        shape.pop(0)
+    fits = len(shape) <= len(target) and all(
+        s in (1, t) for s, t in zip(reversed(shape), reversed(target))
+    )
+    if not fits:
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {list(source)} cannot be broadcast to "
+            f"indexing result of shape {list(target)}"
+        )
+
+
+def _along_check(error: type, message: str | None = None):
+    """A check for ops indexing along one dim (gather, scatter, index_select...): CPU's
+    error for an index into an empty dim, and, in debug mode, for out-of-range values."""
+
+    def check(values: list) -> bool:
+        from ..engine import modes
+
+        self, dim, index = values[0], values[1], values[2]
+        if self.dim() == 0 or index.numel() == 0:
+            return False
+        dim %= self.dim()
+        size = self.shape[dim]
+        if size == 0 or modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
+            lo, hi = (int(v) for v in torch.aminmax(index)) if size else (int(index.min()),) * 2
+            for bad in (lo, hi):
+                if not -size <= bad < size:
+                    raise error(
+                        message
+                        or f"index {bad} is out of bounds for dimension {dim} with size {size}"
+                    )
+        return False
+
+    return check
+
+
+_check_gather = _along_check(RuntimeError)
+_check_index_select = _along_check(IndexError, "index out of range in self")
+
+
 def _has_mask(values) -> bool:
     return any(ix is not None and ix.dtype in (torch.bool, torch.uint8) for ix in values[1])
 
 
-@lower("index.Tensor", dynamic_shape=_has_mask)
+@lower("index.Tensor", dynamic_shape=_has_mask, check=_check_index)
 def index(self, indices):
     """Dynamic only when a bool mask's True count sets the shape; integer indices
     run as one cached executable (and fuse in fused mode)."""
@@ -160,12 +287,12 @@ def _index_put(self, indices, values, accumulate):
     return self.at[where].set(values, mode="drop")
 
 
-@lower("index_put.default")
+@lower("index_put.default", check=_check_index_put)
 def index_put(self, indices, values, accumulate=False):
     return _index_put(self, indices, values, accumulate)
 
 
-@lower("_index_put_impl_.default")
+@lower("_index_put_impl_.default", check=_check_index_put)
 def index_put_impl(self, indices, values, accumulate=False, unsafe=False):
     return _index_put(self, indices, values, accumulate)
 
@@ -197,7 +324,7 @@ def _scalar_safe(fn):
     return wrapped
 
 
-@lower("gather.default")
+@lower("gather.default", check=_check_gather)
 def gather(self, dim, index, sparse_grad=False):
     if self.ndim == 0 or index.ndim == 0 or index.size == 0:
         return jnp.atleast_1d(self)[jnp.atleast_1d(index)].reshape(index.shape)
@@ -212,7 +339,7 @@ def _src(src, index, dtype):
     return src[tuple(slice(0, n) for n in index.shape)].astype(dtype)
 
 
-@lower("scatter.src", "scatter.value")
+@lower("scatter.src", "scatter.value", check=_check_gather)
 @_scalar_safe
 def scatter(self, dim, index, src):
     return self.at[_dim_indices(index, dim)].set(_src(src, index, self.dtype))
@@ -249,20 +376,20 @@ def _reduce_at(base, where, src, reduce: str, include_self: bool = True):
     return out / count if jnp.issubdtype(base.dtype, jnp.inexact) else out // count
 
 
-@lower("scatter.reduce", "scatter.value_reduce")
+@lower("scatter.reduce", "scatter.value_reduce", check=_check_gather)
 @_scalar_safe
 def scatter_reduce_legacy(self, dim, index, src, reduce):
     reduce = "sum" if reduce == "add" else "prod"
     return _reduce_at(self, _dim_indices(index, dim), _src(src, index, self.dtype), reduce)
 
 
-@lower("scatter_add.default")
+@lower("scatter_add.default", check=_check_gather)
 @_scalar_safe
 def scatter_add(self, dim, index, src):
     return _reduce_at(self, _dim_indices(index, dim), _src(src, index, self.dtype), "sum")
 
 
-@lower("scatter_reduce.two")
+@lower("scatter_reduce.two", check=_check_gather)
 @_scalar_safe
 def scatter_reduce(self, dim, index, src, reduce, include_self=True):
     src = _src(src, index, self.dtype)
@@ -288,32 +415,32 @@ def _along(fn):
     return wrapped
 
 
-@lower("index_select.default")
+@lower("index_select.default", check=_check_index_select)
 def index_select(self, dim, index):
     if self.ndim == 0:
         return self
     return jnp.take(self, index.reshape(-1), axis=dim % self.ndim, mode="clip")
 
 
-@lower("index_add.default")
+@lower("index_add.default", check=_check_index_select)
 @_along
 def index_add(self, index, source, alpha=1):
     return _reduce_at(self, index, source * alpha, "sum")
 
 
-@lower("index_reduce.default")
+@lower("index_reduce.default", check=_check_index_select)
 @_along
 def index_reduce(self, index, source, reduce, include_self=True):
     return _reduce_at(self, index, source, reduce, include_self)
 
 
-@lower("index_copy.default")
+@lower("index_copy.default", check=_check_gather)
 @_along
 def index_copy(self, index, source):
     return self.at[index].set(source.astype(self.dtype), mode="drop")
 
 
-@lower("index_fill.int_Scalar", "index_fill.int_Tensor")
+@lower("index_fill.int_Scalar", "index_fill.int_Tensor", check=_check_gather)
 @_along
 def index_fill(self, index, value):
     return self.at[_wrap_negative(index, self.shape[0])].set(

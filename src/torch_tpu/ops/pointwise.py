@@ -26,6 +26,22 @@ from .registry import lower
 # ------------------------------------------------------------ type promotion
 
 
+def convert(x, dtype):
+    """x as dtype, converting floats to integers as PyTorch's CPU kernels do on x86
+    (XLA saturates instead): truncate through int32 (int64 for 64-bit targets), a value
+    out of that range or NaN becoming its minimum, then wrap to the target's width
+    (-3.7 -> uint8 253, 300.0 -> int8 44)."""
+    x, dtype = jnp.asarray(x), jnp.dtype(dtype)
+    if not (jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(dtype, jnp.integer)):
+        return x.astype(dtype)
+    via = jnp.int64 if dtype.itemsize == 8 else jnp.int32
+    limit = float(2 ** (jnp.iinfo(via).bits - 1))
+    whole = jnp.trunc(x)
+    fits = (whole >= -limit) & (whole < limit)
+    wide = jnp.where(fits, jnp.where(fits, whole, 0).astype(via), jnp.iinfo(via).min)
+    return wide.astype(dtype)
+
+
 def _is_scalar(x) -> bool:
     """A Scalar argument: a Python number, or one traced as a weakly typed value."""
     if isinstance(x, (bool, int, float, complex)):
@@ -222,13 +238,52 @@ def _frac(x):
     return x - jnp.trunc(x)
 
 
-lower("neg.default", "_neg_view.default")(_unary(jnp.negative, Promo.DEFAULT))
+def _same_dtype_out(values: list) -> None:
+    """Ops whose CPU kernel wants out= in the input's dtype (no cast on the way out)."""
+    out = values[-1]
+    if len(values) > 1 and isinstance(out, torch.Tensor) and out.dtype != values[0].dtype:
+        found, expected = scalar_type_name(out.dtype), scalar_type_name(values[0].dtype)
+        raise RuntimeError(f"Found dtype {found} but expected {expected}")
+
+
+def _nan_to_num_out(values: list) -> None:
+    out = values[-1]
+    if len(values) > 4 and isinstance(out, torch.Tensor) and out.dtype != values[0].dtype:
+        raise RuntimeError(
+            f"nan_to_num: dtype of out: {scalar_type_name(out.dtype)} should be same as "
+            f"input: {scalar_type_name(values[0].dtype)}"
+        )
+
+
+_NAMES = {
+    torch.bool: "Bool",
+    torch.uint8: "Byte",
+    torch.int8: "Char",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+}
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """PyTorch's C++ name of a dtype (Long, Float, ...), as its error messages spell it."""
+    return _NAMES.get(dtype, str(dtype))
+
+lower("neg.default", check=_same_dtype_out)(_unary(jnp.negative, Promo.DEFAULT))
+lower("_neg_view.default")(_unary(jnp.negative, Promo.DEFAULT))
 lower("abs.default")(_unary(jnp.abs, Promo.DEFAULT))
 lower("sign.default")(_unary(_sign, Promo.DEFAULT))
 lower("sgn.default")(_unary(_sgn, Promo.DEFAULT))
 lower("floor.default")(_unary(_keep_ints(jnp.floor), Promo.DEFAULT))
 lower("ceil.default")(_unary(_keep_ints(jnp.ceil), Promo.DEFAULT))
-lower("round.default")(_unary(_keep_ints(jnp.round), Promo.DEFAULT))  # half to even
+# half to even
+lower("round.default", check=_same_dtype_out)(_unary(_keep_ints(jnp.round), Promo.DEFAULT))
 lower("trunc.default")(_unary(_keep_ints(jnp.trunc), Promo.DEFAULT))
 lower("frac.default")(_unary(_frac, Promo.DEFAULT))
 
@@ -510,7 +565,12 @@ lower("fmin.default")(_binary(jnp.fmin, Promo.NO_OPMATH))  # NaN ignored
 lower("fmax.default")(_binary(jnp.fmax, Promo.NO_OPMATH))
 
 
-@lower("clamp.default", "clamp.Tensor")
+def _check_clamp(values: list) -> None:
+    if values[1] is None and values[2] is None:  # (PyTorch's meta raises ValueError)
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+
+
+@lower("clamp.default", "clamp.Tensor", check=_check_clamp)
 def clamp(self, min=None, max=None):
     """max(x, min) then min(.., max): a NaN anywhere gives NaN; min > max gives max."""
     x, lo, hi = _cast(Promo.NO_OPMATH, self, min, max)
@@ -540,7 +600,7 @@ def where(condition, self, other):
 # ------------------------------------------------------- float classification
 
 
-@lower("nan_to_num.default")
+@lower("nan_to_num.default", check=_nan_to_num_out)
 def nan_to_num(self, nan=None, posinf=None, neginf=None):
     if _is_complex(self):
         parts = (nan_to_num(p, nan, posinf, neginf) for p in (self.real, self.imag))
@@ -599,7 +659,7 @@ for _name, _fn in {"and": jnp.bitwise_and, "or": jnp.bitwise_or, "xor": jnp.bitw
     lower(f"bitwise_{_name}.Tensor", f"bitwise_{_name}.Scalar", f"bitwise_{_name}.Scalar_Tensor")(
         _binary(_fn)
     )
-lower("bitwise_not.default")(_unary(jnp.invert, Promo.NO_OPMATH))
+lower("bitwise_not.default", check=_same_dtype_out)(_unary(jnp.invert, Promo.NO_OPMATH))
 
 # XLA shifts give 0 (left) or the sign fill (right) for counts outside the
 # type's width, negative counts included: PyTorch's semantics.

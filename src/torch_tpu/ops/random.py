@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from .registry import lower
 
@@ -103,18 +104,116 @@ def _default_high(dtype) -> int:
     return 2 ** (jnp.finfo(dtype).nmant + 1)
 
 
+# ------------------------------------------------ random_'s argument checks (CPU's)
+
+_INT64_MIN = -(2**63)
+# how PyTorch's messages name each dtype (C++ type names)
+_CXX_NAMES = {
+    torch.bool: "bool",
+    torch.uint8: "unsigned char",
+    torch.int8: "signed char",
+    torch.int16: "short int",
+    torch.int32: "int",
+    torch.int64: "long int",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.float32: "float",
+    torch.float64: "double",
+}
+
+
+def _digits(dtype: torch.dtype) -> int:
+    return {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}[dtype]
+
+
+def _as_float_int(value: int, dtype: torch.dtype) -> int:
+    """int64 -> dtype -> int64, as C++'s static_casts round it (x86: a value past the
+    int64 range, or an infinity, becomes the int64 minimum)."""
+    rounded = torch.tensor(value, dtype=torch.float64).to(dtype).to(torch.float64).item()
+    return int(rounded) if -(2.0**63) <= rounded < 2.0**63 else _INT64_MIN
+
+
+def _update_from(value: int, dtype: torch.dtype) -> int:
+    """PyTorch's update_from: the smallest from the dtype represents exactly."""
+    plus_one = _as_float_int(value + 1, dtype)
+    if plus_one < value:
+        n = abs(value + 1).bit_length() - 1
+        value = plus_one + (1 << (n - _digits(dtype) + 1))
+    return value
+
+
+def _update_to(value: int, dtype: torch.dtype) -> int:
+    minus_one = _as_float_int(value - 1, dtype)
+    if minus_one >= value:
+        n = abs(value - 1).bit_length() - 1
+        value = minus_one - (1 << (n - _digits(dtype) + 1))
+    return value
+
+
+def _check_in_range(low: int, high_inclusive: int, dtype: torch.dtype) -> None:
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        bounds = (info.min, info.max)
+    else:
+        info = torch.iinfo(dtype) if dtype != torch.bool else None
+        bounds = (0, 1) if info is None else (info.min, info.max)
+    for value, name in ((low, "from"), (high_inclusive, "to - 1")):
+        if not bounds[0] <= value <= bounds[1]:
+            raise RuntimeError(f"{name} is out of bounds for {_CXX_NAMES.get(dtype, dtype)}")
+
+
+def _random_bounds(dtype: torch.dtype, low: int, high: int | None) -> None:
+    """CPU's checks of random_(from, to) (DistributionTemplates.h), before anything runs."""
+    floating = dtype.is_floating_point
+    if high is not None:
+        if not low < high:
+            raise RuntimeError(
+                f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}"
+            )
+        if floating:
+            low, high = _update_from(low, dtype), _update_to(high, dtype)
+            if not low < high:
+                raise RuntimeError(
+                    "random_ expects 'from' casted to dtype to be less than 'to' casted to "
+                    f"dtype, but got from={low} >= to={high}"
+                )
+        _check_in_range(low, high - 1, dtype)
+    elif low != _INT64_MIN:
+        if floating:
+            high_inclusive = 1 << _digits(dtype)
+            low = _update_from(low, dtype)
+            if not low < high_inclusive:
+                raise RuntimeError(
+                    "random_ expects 'from' casted to dtype to be less than or equal to 'to_inc' "
+                    f"casted to dtype, but got from={low} > to_inc={high_inclusive}"
+                )
+        else:
+            high_inclusive = 1 if dtype == torch.bool else torch.iinfo(dtype).max
+        _check_in_range(low, high_inclusive, dtype)
+
+
+def _check_random_from(values: list) -> bool:
+    _random_bounds(values[0].dtype, values[1], values[2])
+    return False  # from and to are part of the cache key
+
+
+def _check_random_to(values: list) -> bool:
+    _random_bounds(values[0].dtype, 0, values[1])
+    return False
+
+
 @lower("random_.default", random=True)
 def random_(key, self, generator=None):
     return _integers(key, self.shape, self.dtype, 0, _default_high(self.dtype))
 
 
-@lower("random_.from", random=True)
+@lower("random_.from", random=True, check=_check_random_from)
 def random_from(key, self, low, high=None, generator=None):
     high = _default_high(self.dtype) if high is None else high - 1
     return _integers(key, self.shape, self.dtype, low, high)
 
 
-@lower("random_.to", random=True)
+@lower("random_.to", random=True, check=_check_random_to)
 def random_to(key, self, high, generator=None):
     return _integers(key, self.shape, self.dtype, 0, high - 1)
 

@@ -36,6 +36,10 @@ class Lowering:
     # float arguments passed at run time like Scalars (an optimizer's lr and betas, which
     # a scheduler changes every step): no recompile per value
     runtime_floats: tuple[str, ...] = ()
+    # PyTorch's argument checks that its meta kernels miss (data-dependent ops, ops whose
+    # meta raises the wrong type): called with the op's bound arguments before anything
+    # runs, on every call, so it must be cheap and sync only where CPU would (bool masks)
+    check: Callable[[list], None] | None = None
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -56,6 +60,7 @@ def lower(
     contiguity: bool = False,
     skip_meta: bool = False,
     runtime_floats: tuple[str, ...] = (),
+    check: Callable[[list], None] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register fn as the lowering of each named aten overload."""
 
@@ -74,6 +79,7 @@ def lower(
                 contiguity,
                 skip_meta,
                 runtime_floats,
+                check,
             )
         return fn
 

@@ -48,7 +48,10 @@ def repeat(self, repeats):
 
 @lower("flip.default")
 def flip(self, dims):
-    return jnp.flip(self, tuple(_dim(d, self.ndim) for d in dims)) if dims else self
+    """A 0-d tensor flips to itself along its one (wrapped) dim, as on CPU."""
+    if not dims or self.ndim == 0:
+        return self
+    return jnp.flip(self, tuple(_dim(d, self.ndim) for d in dims))
 
 
 @lower("roll.default")

@@ -1,0 +1,335 @@
+"""PyTorch's error contracts on tpu: where CPU raises for bad arguments, tpu raises the
+same exception type with CPU's message, in every eager mode, before anything runs; and
+the corner cases PyTorch's device-generic tests found giving other answers than CPU."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import to_cpu
+
+from torch_tpu.engine import executor
+from torch_tpu.engine.debug import TpuOpError
+
+
+def _outcome(fn, device):
+    try:
+        result = fn(device)
+    except Exception as e:  # the outcome under test
+        return e
+    return to_cpu(result)
+
+
+def assert_same_error(fn):
+    """fn(device) raises on CPU; on tpu it raises an instance of CPU's type carrying CPU's
+    message (debug mode adds the op and the user's line around it)."""
+    expected = _outcome(fn, "cpu")
+    assert isinstance(expected, Exception), "the CPU oracle did not raise"
+    actual = _outcome(fn, "tpu")
+    assert isinstance(actual, type(expected)), f"{type(actual).__name__}: {actual}"
+    assert str(expected) in str(actual)
+
+
+def assert_same_outcome(fn):
+    """fn(device) gives CPU's result on tpu, or raises as CPU does."""
+    expected = _outcome(fn, "cpu")
+    if isinstance(expected, Exception):
+        assert_same_error(fn)
+    else:
+        torch.testing.assert_close(_outcome(fn, "tpu"), expected, equal_nan=True)
+
+
+# ----------------------------------------------------------------- indexing
+
+
+def _mask_assign(device, value_shape, mask_size=3):
+    x = torch.zeros(3, 4, device=device)
+    mask = torch.ones(mask_size, dtype=torch.bool, device=device)
+    x[mask] = torch.ones(value_shape, device=device)
+    return x
+
+
+@pytest.mark.parametrize("value_shape", [(2, 4), (3, 5), (5,), (2, 1, 4)])
+def test_mask_assignment_shape_mismatch_raises(eager_mode, value_shape):
+    assert_same_error(lambda d: _mask_assign(d, value_shape))
+
+
+@pytest.mark.parametrize("value_shape", [(3, 4), (1, 4), (4,), (1, 3, 4), ()])
+def test_mask_assignment_that_broadcasts(eager_mode, value_shape):
+    assert_same_outcome(lambda d: _mask_assign(d, value_shape))
+
+
+def test_mask_of_the_wrong_shape_raises(eager_mode):
+    assert_same_error(lambda d: _mask_assign(d, (2, 4), mask_size=2))
+    mask = torch.ones(2, dtype=torch.bool)
+    assert_same_error(lambda d: torch.zeros(3, device=d)[mask.to(d)])
+
+
+def test_index_put_shape_mismatch_raises(eager_mode):
+    def put(d):
+        x = torch.zeros(3, 4, device=d)
+        x[torch.tensor([0, 1], device=d)] = torch.ones(3, 4, device=d)
+
+    assert_same_error(put)
+
+
+CASES = {
+    "empty dim, long index": lambda d: torch.zeros(0, 3, device=d)[torch.tensor([0], device=d)],
+    "empty dim, index_put": lambda d: torch.zeros(0, 3, device=d).index_put_(
+        (torch.tensor([0], device=d),), torch.tensor(1.0, device=d)
+    ),
+    "empty index_put, mismatched values": lambda d: torch.zeros(0, 3, device=d).index_put_(
+        (torch.tensor([], dtype=torch.long, device=d),), torch.tensor([], device=d)
+    ),
+    "host index out of range": lambda d: torch.zeros(3, device=d)[torch.tensor([3])],
+    "too many indices": lambda d: torch.zeros(3, device=d)[
+        torch.tensor([0], device=d), torch.tensor([0], device=d)
+    ],
+    "float index": lambda d: torch.zeros(3, device=d)[torch.tensor([0.0], device=d)],
+    "gather from empty dim": lambda d: torch.zeros(0, device=d).gather(
+        0, torch.tensor([0], device=d)
+    ),
+    "scatter into empty dim": lambda d: torch.zeros(0, device=d).scatter(
+        0, torch.tensor([0], device=d), 1.0
+    ),
+    "index_select from empty dim": lambda d: torch.zeros(0, device=d).index_select(
+        0, torch.tensor([0], device=d)
+    ),
+    "index_add into empty dim": lambda d: torch.zeros(0, device=d).index_add(
+        0, torch.tensor([0], device=d), torch.ones(1, device=d)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_indexing_errors(eager_mode, case):
+    assert_same_error(CASES[case])
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda d: torch.zeros(0, device=d)[torch.tensor([], dtype=torch.long, device=d)],
+        lambda d: torch.zeros(3, 0, device=d)[torch.tensor([], dtype=torch.long, device=d)],
+        lambda d: torch.zeros(3, device=d).index_put_(
+            (torch.tensor([], dtype=torch.long, device=d),), torch.tensor([], device=d)
+        ),
+        lambda d: torch.zeros(0, 2, device=d).index_put_(
+            (torch.tensor([], dtype=torch.long, device=d),),
+            torch.zeros(0, 2, device=d),
+            accumulate=True,
+        ),
+        lambda d: torch.zeros(0, device=d)[torch.zeros(0, dtype=torch.bool, device=d)],
+    ],
+)
+def test_empty_indexing_matches_cpu(eager_mode, fn):
+    assert_same_outcome(fn)
+
+
+def test_device_index_out_of_range_raises_in_debug_mode():
+    """Debug mode reads device indices to check them (strict and fused modes do not,
+    see docs/differences.md)."""
+    with torch.tpu.set_eager_mode("debug"):
+        assert_same_error(lambda d: torch.zeros(3, device=d)[torch.tensor([5], device=d)])
+        assert_same_error(
+            lambda d: torch.zeros(3, device=d).gather(0, torch.tensor([7], device=d))
+        )
+
+
+def test_repeat_calls_are_checked_again(eager_mode):
+    """Value-dependent checks run on cached keys too, not only on first calls."""
+    x = torch.zeros(3, 4, device="tpu")
+    mask = torch.tensor([True, True, False], device="tpu")
+    x[mask] = torch.ones(2, 4, device="tpu")  # compiles this key
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        x[torch.tensor([True, True, True], device="tpu")] = torch.ones(2, 4, device="tpu")
+    with pytest.raises(IndexError, match="out of bounds"):
+        x[torch.tensor([7])]
+
+
+# -------------------------------------------------------------- pointwise, out=
+
+
+def test_clamp_without_bounds_raises_runtime_error(eager_mode):
+    assert_same_error(lambda d: torch.zeros(3, device=d).clamp())
+    assert_same_error(lambda d: torch.zeros(3, device=d).clamp_())
+
+
+@pytest.mark.parametrize(
+    ("op", "src", "out"),
+    [
+        (torch.sin, torch.float32, torch.int64),
+        (torch.angle, torch.float32, torch.int64),
+        (torch.angle, torch.float32, torch.bool),
+        (torch.neg, torch.int64, torch.int32),
+        (torch.round, torch.float32, torch.float16),
+        (torch.bitwise_not, torch.int64, torch.int32),
+        (torch.nan_to_num, torch.float32, torch.float16),
+    ],
+)
+def test_out_of_a_dtype_the_result_cannot_take_raises(eager_mode, op, src, out):
+    def call(d):
+        return op(torch.ones(4, dtype=src, device=d), out=torch.empty(4, dtype=out, device=d))
+
+    assert_same_error(call)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+@pytest.mark.parametrize("src", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_float_to_int_conversion_matches_cpu(src, dtype):
+    values = [1.5, -3.7, 300.0, -300.0, 70000.0, -70000.0, 255.5, -128.9, 32768.0, 3e9, -1e10]
+    x = torch.tensor(values).to(src)
+    assert torch.equal(x.to("tpu").to(dtype).cpu(), x.to(dtype))
+    out = torch.empty(len(values), dtype=dtype, device="tpu")
+    out.copy_(x.to("tpu"))
+    assert torch.equal(out.cpu(), x.to(dtype))
+
+
+# -------------------------------------------------------------- shape, dynamic
+
+
+@pytest.mark.parametrize("dims", [[0], [-1], [], [1]])
+def test_flip_of_a_0d_tensor(eager_mode, dims):
+    assert_same_outcome(lambda d: torch.tensor(3.0, device=d).flip(dims))
+
+
+def test_nonzero_out_is_resized():
+    x = torch.tensor([[0, 1], [2, 0], [3, 3]])
+    out = torch.empty(0, dtype=torch.long, device="tpu")
+    result = torch.nonzero(x.to("tpu"), out=out)
+    assert result is out
+    assert torch.equal(out.cpu(), torch.nonzero(x))
+
+
+def test_nonzero_out_non_contiguous():
+    x = torch.tensor([[0, 1], [2, 0]])
+    expected = torch.nonzero(x)
+    out = torch.empty(4, 2, dtype=torch.long, device="tpu").t()[:2, :2]
+    torch.nonzero(x.to("tpu"), out=out)
+    assert torch.equal(out.cpu(), expected)
+
+
+def test_nonzero_out_of_the_wrong_dtype_raises():
+    def call(d):
+        out = torch.empty(0, dtype=torch.int32, device=d)
+        torch.nonzero(torch.tensor([1, 0, 1], device=d), out=out)
+
+    with pytest.raises(RuntimeError, match="Expected out tensor to have scalar type Long"):
+        call("tpu")
+    with pytest.raises(RuntimeError):
+        call("cpu")
+
+
+def test_masked_select_out_is_resized():
+    x, mask = torch.arange(6.0), torch.tensor([True, False] * 3)
+    out = torch.empty(1, device="tpu")
+    torch.masked_select(x.to("tpu"), mask.to("tpu"), out=out)
+    assert torch.equal(out.cpu(), torch.masked_select(x, mask))
+
+
+@pytest.mark.parametrize(
+    ("size", "memory_format"),
+    [
+        ((2, 3, 4, 5), torch.channels_last),
+        ((2, 3, 4, 5, 6), torch.channels_last_3d),
+        ((2, 3), torch.contiguous_format),
+    ],
+)
+def test_resize_honours_memory_format(size, memory_format):
+    def resize(d):
+        x = torch.arange(120.0, device=d)
+        x.resize_(size, memory_format=memory_format)
+        return x.stride(), x.flatten()[:10].cpu()
+
+    (cpu_strides, cpu_values), (tpu_strides, tpu_values) = resize("cpu"), resize("tpu")
+    assert tpu_strides == cpu_strides
+    assert torch.equal(tpu_values, cpu_values)
+
+
+def test_resize_to_a_format_of_another_rank_raises():
+    assert_same_error(
+        lambda d: torch.zeros(6, device=d).resize_(2, 3, memory_format=torch.channels_last)
+    )
+
+
+# ------------------------------------------------------------- factory, random
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int16, torch.uint8, torch.float32])
+@pytest.mark.parametrize(
+    ("start", "end", "steps", "base"),
+    [(-2, 2, 101, 10.0), (-2, 3.7, 101, 0.5), (1.5, 0, 1, 10.0), (1.5, 6, 5, 10.0), (0, 3, 4, 2.0)],
+)
+def test_logspace_matches_cpu(dtype, start, end, steps, base):
+    expected = torch.logspace(start, end, steps, base, dtype=dtype)
+    actual = torch.logspace(start, end, steps, base, dtype=dtype, device="tpu")
+    torch.testing.assert_close(actual.cpu(), expected)
+
+
+RANDOM_BOUNDS = [
+    (torch.int8, -42, 42),
+    (torch.uint8, 0, 255),
+    (torch.float16, -42, 42),
+    (torch.int64, -(2**63), 2**63 - 1),
+]
+
+
+@pytest.mark.parametrize(("dtype", "low", "high"), RANDOM_BOUNDS)
+def test_random_from_to_stays_in_range(dtype, low, high):
+    x = torch.empty(2000, dtype=dtype, device="tpu").random_(low, high).cpu()
+    assert x.min().item() >= low and x.max().item() < high
+
+
+@pytest.mark.parametrize(
+    ("dtype", "low", "high"),
+    [
+        (torch.int8, 42, 42),
+        (torch.int8, 42, -42),
+        (torch.int8, -200, 0),
+        (torch.uint8, 0, 300),
+        (torch.float16, -(2**63), 0),
+        (torch.float16, 0, 2**63 - 1),
+        (torch.uint8, -1, None),
+        (torch.int8, 200, None),
+    ],
+)
+def test_random_from_to_bad_bounds_raise(eager_mode, dtype, low, high):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU warns about float bounds past 2**digits
+        assert_same_error(lambda d: torch.empty(4, dtype=dtype, device=d).random_(low, high))
+
+
+# --------------------------------------------------------------- sort, debug
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int16, torch.uint8, torch.float32])
+def test_stable_sort_matches_cpu(dtype):
+    x = torch.tensor([0, 1] * 1025, dtype=dtype)
+    assert torch.equal(x.to("tpu").sort(stable=True)[1].cpu(), x.sort(stable=True)[1])
+    y = (torch.randn(10, 10) * 10).to(dtype)
+    for dim in (0, 1):
+        expected = y.sort(dim=dim, stable=True)[1]
+        assert torch.equal(y.to("tpu").sort(dim=dim, stable=True)[1].cpu(), expected)
+
+
+def test_debug_mode_errors_keep_cpu_types_and_name_the_line():
+    with torch.tpu.set_eager_mode("debug"):
+        with pytest.raises(IndexError) as info:
+            torch.zeros(0, 3, device="tpu")[torch.tensor([0], device="tpu")]
+    message = str(info.value)
+    assert isinstance(info.value, TpuOpError)
+    assert "aten::index.Tensor" in message and "test_error_contracts.py" in message
+    assert '""' not in message
+
+
+def test_lowering_failures_are_runtime_errors_naming_the_op():
+    """The last resort: an exception escaping from JAX becomes a RuntimeError naming the
+    op, never a TypeError/ValueError of JAX's; PyTorch's own RuntimeErrors pass as they are."""
+    with pytest.raises(RuntimeError, match="aten::my_op.*TypeError: inside jax"):
+        with executor.lowering_errors("aten::my_op"):
+            raise TypeError("inside jax")
+    with pytest.raises(RuntimeError, match="^as raised$"):
+        with executor.lowering_errors("aten::my_op"):
+            raise RuntimeError("as raised")
