@@ -160,3 +160,16 @@ def test_queries_never_start_jax_before_the_first_device_use():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_cpu_generator_on_a_tpu_random_op_raises_as_on_cuda():
+    """A generator of another device cannot drive tpu randomness; ignoring it would
+    silently break reproducibility, so it raises as CUDA does, naming what to do."""
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator"):
+        torch.randn(3, generator=g, device="tpu")
+    x = torch.empty(4, device="tpu")
+    with pytest.raises(RuntimeError, match="draw on the CPU"):
+        x.uniform_(generator=g)
+    expected = torch.randn(3, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(torch.randn(3, generator=g.manual_seed(0)).to("tpu").cpu(), expected)

@@ -89,7 +89,14 @@ def _static(value):
     if isinstance(value, list):
         return tuple(_static(v) for v in value)
     if isinstance(value, torch.Generator):
-        return None  # tpu randomness comes from torch_tpu.rng; the generator is not used
+        # as CUDA does: a generator of another device cannot drive this one, and
+        # ignoring it would silently break the reproducibility it was passed for
+        raise RuntimeError(
+            f"Expected a 'tpu' device type for generator but found '{value.device.type}': "
+            "tpu random numbers come from torch.manual_seed / torch.tpu.manual_seed (a tpu "
+            "torch.Generator cannot exist in PyTorch 2.13's Python backends); to use this "
+            "generator, draw on the CPU and move the result with .to('tpu')"
+        )
     return value
 
 
