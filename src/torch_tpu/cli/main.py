@@ -1,42 +1,6 @@
-"""torch-tpu: verify the device, inspect op coverage and the compilation cache, write the
-OpInfo report."""
+"""The torch-tpu command's old entry point, kept for console scripts installed before
+pyproject.toml pointed at `torch_tpu_cli:main` (which answers --help without importing torch)."""
 
-from __future__ import annotations
+from torch_tpu_cli import main
 
-import argparse
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torch-tpu", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    verify = commands.add_parser("verify", help="check the tpu device and train a small MLP")
-    verify.add_argument("--steps", type=int, default=5, help="MLP training steps (default 5)")
-    ops = commands.add_parser("ops", help="which ATen ops are lowered, decomposed or fall back")
-    ops.add_argument("--check", metavar="OPNAME", help="how one op (e.g. add or add.Tensor) runs")
-    report = commands.add_parser("opinfo-report", help="full OpInfo sweep -> docs/opinfo_report.*")
-    report.add_argument("--out", default="docs", help="directory for the report (default docs)")
-    report.add_argument(
-        "--limit", type=int, default=None, help="samples per entry and dtype (default: as CI)"
-    )
-    report.add_argument("--only", nargs="*", help="OpInfo entry names to run (default: all)")
-    report.add_argument(
-        "--known-failures", metavar="PATH", help="also write every failing cell, with its reason"
-    )
-    cache = commands.add_parser("cache", help="the persistent compilation cache")
-    cache.add_argument("action", choices=["info", "clear"], help="show its state, or empty it")
-    args = parser.parse_args(argv)
-    if args.command == "verify":
-        from .verify import run
-
-        return run(steps=args.steps)
-    if args.command == "ops":
-        from .ops import run
-
-        return run(args.check)
-    if args.command == "cache":
-        from .cache import run
-
-        return run(args.action)
-    from .opinfo_report import run
-
-    return run(args.out, args.limit, args.only, args.known_failures)
+__all__ = ["main"]
