@@ -78,8 +78,8 @@ def _lazy_init() -> None:
     boxed fallback before the first tpu op, and every function here that needs the device.
     A bad TORCH_TPU_* value or a forced platform that is absent raises here, clearly."""
     sys.modules[__package__].init()
-    if _platform.forced():
-        _platform.platform()
+    if not _platform.available():  # probes a forced GPU/TPU only (XLA:CPU is always there)
+        _platform.platform()  # raises PlatformUnavailableError, naming TORCH_TPU_PLATFORM
 
 
 def _is_in_bad_fork() -> bool:
