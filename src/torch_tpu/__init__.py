@@ -37,7 +37,8 @@ __all__ = ["api", "cache", "metrics", "init", "register"]
 __version__ = "0.1.0"
 
 _initialised = False
-_init_lock = threading.Lock()  # two threads' first tpu ops must not register kernels twice
+_starting = False
+_init_lock = threading.RLock()  # two threads' first tpu ops must not register kernels twice
 _LAZY_SUBMODULES = ("cache", "metrics")  # torch_tpu.cache etc. without importing them at autoload
 
 
@@ -61,11 +62,19 @@ def init() -> None:
     never at import), loads JAX and registers every kernel. Does not start
     JAX's backend: `jax.distributed` (tpu_dist) must initialise before it.
     """
+    global _starting
     if _initialised:
         return
     with _init_lock:
-        if not _initialised:
+        if _initialised:
+            return
+        if _starting:  # same thread (the lock is re-entrant): a tpu op inside start-up itself
+            raise RuntimeError("torch_tpu: a tpu op ran while the device was starting")
+        _starting = True
+        try:
             _start()
+        finally:
+            _starting = False
 
 
 def _start() -> None:
