@@ -8,6 +8,7 @@ JAX or the engine: the fallback and the `tpu_dist` creator start the package
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -55,6 +56,20 @@ def _create_tpu_dist(*args, **kwargs):
     return create(*args, **kwargs)
 
 
+def _start_before_rendezvous(original):
+    """init_process_group("tpu_dist") starts the device before the ranks meet: started
+    after, each rank's start-up (seconds) would eat into the JAX job's join timeout."""
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        backend = kwargs.get("backend", args[0] if args else None)
+        if backend is not None and "tpu_dist" in str(backend).lower():
+            sys.modules[__package__].init()
+        return original(*args, **kwargs)
+
+    return init_process_group
+
+
 def _register_tpu_dist() -> None:
     import torch.distributed as dist
 
@@ -62,6 +77,7 @@ def _register_tpu_dist() -> None:
         dist.Backend.register_backend(
             "tpu_dist", _create_tpu_dist, extended_api=True, devices=["tpu"]
         )
+        dist.init_process_group = _start_before_rendezvous(dist.init_process_group)
 
 
 def register() -> None:
