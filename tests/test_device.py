@@ -70,18 +70,10 @@ def test_autoload_off_then_import_registers():
     assert out.stdout.strip() == "tpu:0"
 
 
-def test_forced_missing_platform_fails_clearly():
-    out = _run("import torch_tpu", TORCH_TPU_PLATFORM="tpu", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    if out.returncode == 0:
-        pytest.skip("this machine has a TPU")  # reason: the forced platform exists here
-    assert "TORCH_TPU_PLATFORM=tpu" in out.stderr
-
-
 def test_torch_tpu_module_api():
     assert torch.tpu.is_available()
     assert torch.tpu.device_count() == 1
     assert torch.tpu.current_device() == 0
-    assert torch.tpu.is_initialized()
     name = torch.tpu.get_device_name()
     assert torch_tpu.platform.platform().upper() in name
     props = torch.tpu.get_device_properties(0)
@@ -89,6 +81,7 @@ def test_torch_tpu_module_api():
     with torch.tpu.device(0):
         torch.tpu.synchronize()
     x = torch.ones(1024, device="tpu")
+    assert torch.tpu.is_initialized()
     assert torch.tpu.memory_allocated() >= x.numel() * 4
     assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
     assert "allocated_bytes.all.current" in torch.tpu.memory_stats()

@@ -2,10 +2,20 @@
 
 `import torch` loads this package through PyTorch's device-backend autoload
 (the `torch.backends` entry point); with TORCH_DEVICE_BACKEND_AUTOLOAD=0,
-`import torch_tpu` does the same.
+`import torch_tpu` does the same. Start-up has two stages, so that programs
+that never use the device pay almost nothing:
+
+- `register()`, at import: names the device `tpu` and installs what PyTorch
+  must find before the first tpu use. No JAX, no engine, no environment checks.
+- `init()`, at the first tpu use (PyTorch's `torch.tpu._lazy_init`, the
+  PrivateUse1 fallback, the `tpu_dist` creator, torch.tpu functions that
+  need the device): JAX, the op tables and the kernel registrations.
 """
 
 from __future__ import annotations
+
+import importlib
+import threading
 
 
 def _autoload() -> None:
@@ -15,41 +25,85 @@ def _autoload() -> None:
     calls back here before the package has finished importing; the import
     then completes the registration itself.
     """
-    if "init" in globals():
-        init()
+    if "register" in globals():
+        register()
 
 
-import jax  # noqa: E402
 import torch  # noqa: E402, F401
 
-jax.config.update("jax_enable_x64", True)  # int64 and float64 tensors must be real
+from . import device  # noqa: E402
 
-from . import api, cache, device, metrics  # noqa: E402
-from .engine import kernels  # noqa: E402
-
-__all__ = ["api", "cache", "metrics", "init"]
+__all__ = ["api", "cache", "metrics", "init", "register"]
 __version__ = "0.1.0"
 
 _initialised = False
+_starting = False
+_init_lock = threading.RLock()  # two threads' first tpu ops must not register kernels twice
+_LAZY_SUBMODULES = ("cache", "metrics")  # torch_tpu.cache etc. without importing them at autoload
 
 
-def init() -> None:
-    """Register the tpu device and its kernels (idempotent)."""
-    global _initialised
-    if _initialised:
-        return
-    from . import distributed, platform
+def register() -> None:
+    """Make `tpu` a device PyTorch knows (idempotent, cheap: runs in every `import torch`).
 
-    device.register()  # JAX's backend starts on first use, not here (tpu_dist comes first)
-    from .amp import install as install_amp  # autocast: cast kernels at first use
+    The registration path: an `install()` that PyTorch must see before the
+    first tpu use goes here, and must not import JAX or the engine (see
+    tests/test_startup.py). Anything else belongs in `init()`.
+    """
+    device.register()
+    from .amp import install as install_amp  # autocast: bf16 default; cast kernels at first use
+    from .compile import install as install_compile  # wraps torch.compile; Dynamo stays unloaded
+
     install_amp()
-    jax.config.update("jax_default_device", platform.forced())  # exact device set at start
-    kernels.register_all()
-    distributed.register()
-    _initialised = True
-    from .compile import install as install_compile  # `tpu` registers at first torch.compile
-
     install_compile()
 
 
-init()
+def init() -> None:
+    """Start the device (idempotent): called at its first use, or explicitly.
+
+    Reads and checks the TORCH_TPU_* environment (a bad value raises here,
+    never at import), loads JAX and registers every kernel. Does not start
+    JAX's backend: `jax.distributed` (tpu_dist) must initialise before it.
+    """
+    global _starting
+    if _initialised:
+        return
+    with _init_lock:
+        if _initialised:
+            return
+        if _starting:  # same thread (the lock is re-entrant): a tpu op inside start-up itself
+            raise RuntimeError("torch_tpu: a tpu op ran while the device was starting")
+        _starting = True
+        try:
+            _start()
+        finally:
+            _starting = False
+
+
+def _start() -> None:
+    global _initialised
+    from . import platform
+    from .engine import modes
+
+    modes.configure()
+    forced = platform.forced()
+
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # int64 and float64 tensors must be real
+    jax.config.update("jax_default_device", forced)  # exact device set at start
+
+    from . import distributed
+    from .engine import kernels
+
+    kernels.register_all()
+    distributed.register()
+    _initialised = True
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+register()

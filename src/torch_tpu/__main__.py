@@ -1,5 +1,5 @@
 """`python -m torch_tpu ...`: the torch-tpu command."""
 
-from .cli.main import main
+from torch_tpu_cli import main
 
 raise SystemExit(main())

@@ -1,7 +1,13 @@
 """The `torch.tpu` module: device queries, synchronisation, seeds, memory, streams.
 
-Public names follow torch.cuda and TorchTPU. `torch.tpu.enable_cpu_fallback`
-is a settable module property.
+Public names follow torch.cuda and TorchTPU. `torch.tpu.enable_cpu_fallback`,
+`eager_mode` and `check_nans` are settable module properties.
+
+`import torch` imports this module (it is `torch.tpu`), so it must stay cheap:
+JAX and the engine are imported inside the functions that use the device,
+each of which starts the package first (`_lazy_init`, which PyTorch also calls
+before it first puts a tensor on tpu). A new public name goes in `__all__`
+(tests/test_startup.py checks that every public function here is listed).
 """
 
 from __future__ import annotations
@@ -12,35 +18,73 @@ from dataclasses import dataclass
 
 import torch
 
-from . import memory, platform, rng, streams
-from .compile import options as compiler  # noqa: F401  (torch.tpu.compiler.custom_compiler_options)
-from .engine import fallback, modes
-from .engine.modes import EagerMode, set_eager_mode  # noqa: F401  (public names)
-from .streams import (  # noqa: F401  (public names)
-    Event,
-    Stream,
-    current_stream,
-    default_stream,
-    set_stream,
-    stream,
-)
+from . import memory, rng, streams
+from . import platform as _platform
+from .amp import get_amp_supported_dtype, is_bf16_supported
+from .engine import modes as _modes
+from .engine.modes import EagerMode, set_eager_mode
+from .streams import Event, Stream, current_stream, default_stream, set_stream, stream
+
+__all__ = [
+    "is_available",
+    "is_initialized",
+    "device_count",
+    "current_device",
+    "set_device",
+    "device",
+    "synchronize",
+    "get_device_name",
+    "get_device_properties",
+    "get_device_capability",
+    "memory_stats",
+    "memory_allocated",
+    "max_memory_allocated",
+    "reset_peak_memory_stats",
+    "empty_cache",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "seed_all",
+    "initial_seed",
+    "get_rng_state",
+    "set_rng_state",
+    "get_rng_state_all",
+    "set_rng_state_all",
+    "Stream",
+    "Event",
+    "default_stream",
+    "current_stream",
+    "stream",
+    "EagerMode",
+    "set_eager_mode",
+    "memory_reserved",
+    "max_memory_reserved",
+    "mem_get_info",
+    "set_stream",
+    "get_amp_supported_dtype",
+    "is_bf16_supported",
+]  # and _TpuModule's properties: eager_mode, enable_cpu_fallback, check_nans, compiler
 
 _current_device = 0
 
 
 def is_available() -> bool:
-    try:
-        return bool(platform.devices())
-    except RuntimeError:
-        return False
+    """XLA:CPU always runs the device; a forced TORCH_TPU_PLATFORM must be present."""
+    return _platform.available()
 
 
 def is_initialized() -> bool:
-    return True
+    """Whether the device has started (JAX loaded, kernels registered): at its first use."""
+    return sys.modules[__package__]._initialised
 
 
 def _lazy_init() -> None:
-    """Called by PyTorch before it touches the device; nothing is lazy here."""
+    """Start the device: PyTorch calls this before it first puts a tensor on tpu, the
+    boxed fallback before the first tpu op, and every function here that needs the device.
+    A bad TORCH_TPU_* value or a forced platform that is absent raises here, clearly."""
+    sys.modules[__package__].init()
+    if not _platform.available():  # probes a forced GPU/TPU only (XLA:CPU is always there)
+        _platform.platform()  # raises PlatformUnavailableError, naming TORCH_TPU_PLATFORM
 
 
 def _is_in_bad_fork() -> bool:
@@ -49,8 +93,9 @@ def _is_in_bad_fork() -> bool:
 
 def device_count() -> int:
     """Addressable tpu devices. PyTorch 2.13's Python PrivateUse1 path pins every
-    tensor to index 0 (torch._C._acc.create_empty_tensor), so this is 1."""
-    return 1
+    tensor to index 0 (torch._C._acc.create_empty_tensor), so this is 1; 0 when
+    TORCH_TPU_PLATFORM forces a platform this machine lacks."""
+    return 1 if is_available() else 0
 
 
 def current_device() -> int:
@@ -104,7 +149,8 @@ def synchronize(device=None) -> None:
 
 
 def get_device_name(device=None) -> str:
-    d = platform.device(_index(device if device is not None else _current_device))
+    _lazy_init()
+    d = _platform.device(_index(device if device is not None else _current_device))
     return f"{d.platform.upper()} ({d.device_kind}) via XLA"
 
 
@@ -117,7 +163,8 @@ class _DeviceProperties:
 
 
 def get_device_properties(device=None) -> _DeviceProperties:
-    d = platform.device(_index(device if device is not None else _current_device))
+    _lazy_init()
+    d = _platform.device(_index(device if device is not None else _current_device))
     stats = _pjrt_stats(d)
     return _DeviceProperties(
         name=get_device_name(device),
@@ -212,37 +259,52 @@ def set_rng_state_all(new_states) -> None:
 
 
 class _TpuModule(types.ModuleType):
-    """Module type giving torch.tpu its settable properties."""
+    """Module type giving torch.tpu its settable properties, its lazily imported
+    `compiler` namespace, and a dir() that lists the public API."""
 
     @property
     def enable_cpu_fallback(self) -> bool:
+        from .engine import fallback
+
         return fallback.enabled
 
     @enable_cpu_fallback.setter
     def enable_cpu_fallback(self, value: bool) -> None:
+        from .engine import fallback
+
         fallback.enabled = bool(value)
 
     @property
     def eager_mode(self) -> EagerMode:
-        return modes.current
+        _modes.configure()
+        return _modes.current
 
     @eager_mode.setter
     def eager_mode(self, mode: EagerMode) -> None:
-        modes.set_mode(mode)
+        _modes.set_mode(mode)
 
     @property
     def check_nans(self) -> bool:
         """Debug mode raises at the first op whose output holds NaN or Inf."""
-        return modes.check_nans
+        _modes.configure()
+        return _modes.check_nans
 
     @check_nans.setter
     def check_nans(self, value: bool) -> None:
-        modes.check_nans = bool(value)
+        _modes.configure()
+        _modes.check_nans = bool(value)
+
+    @property
+    def compiler(self) -> types.ModuleType:
+        """`torch.tpu.compiler.custom_compiler_options` (imports JAX: only when asked for)."""
+        _lazy_init()
+        from .compile import options
+
+        return options
+
+    def __dir__(self) -> list[str]:
+        properties = [name for name, v in vars(_TpuModule).items() if isinstance(v, property)]
+        return sorted([*__all__, *properties])
 
 
 sys.modules[__name__].__class__ = _TpuModule
-
-
-# ---------------------------------------------------------- mixed precision
-
-from .amp import get_amp_supported_dtype, is_bf16_supported  # noqa: E402, F401

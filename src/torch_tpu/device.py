@@ -1,11 +1,23 @@
-"""Makes PrivateUse1 PyTorch's `tpu` device: rename, Python hooks, device guard, torch.tpu."""
+"""Makes PrivateUse1 PyTorch's `tpu` device: rename, Python hooks, device guard, torch.tpu,
+serialization, the boxed fallback and the `tpu_dist` backend name.
+
+Everything here runs in every `import torch` (autoload), so none of it loads
+JAX or the engine: the fallback and the `tpu_dist` creator start the package
+(`torch_tpu.init`) on their first call.
+"""
 
 from __future__ import annotations
+
+import functools
+import sys
 
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from . import accelerator, api, modules, pinned, platform, serialization
+from . import accelerator, api, modules, pinned, serialization
+
+# The one PrivateUse1 fallback: it outlives register() (the library unregisters when freed).
+_fallback_library: torch.library.Library | None = None
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -24,12 +36,55 @@ class _DeviceGuard(torch._C._acc.DeviceGuard):
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
+def _fallback(op, *args, **kwargs):
+    """PrivateUse1's boxed fallback. Before the device has started, an op reaching it
+    starts the device (registering the real kernels) and dispatches again; after,
+    it is the engine's CPU fallback for ops with no tpu kernel."""
+    from .engine import fallback
+
+    if not api.is_initialized():
+        api._lazy_init()
+        return op(*args, **kwargs)
+    return fallback.run_on_cpu(op, args, kwargs)
+
+
+def _create_tpu_dist(*args, **kwargs):
+    """c10d's creator for `tpu_dist` until the device starts (which re-registers the real one)."""
+    sys.modules[__package__].init()
+    from .distributed import create
+
+    return create(*args, **kwargs)
+
+
+def _start_before_rendezvous(original):
+    """init_process_group("tpu_dist") starts the device before the ranks meet: started
+    after, each rank's start-up (seconds) would eat into the JAX job's join timeout."""
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        backend = kwargs.get("backend", args[0] if args else None)
+        if backend is not None and "tpu_dist" in str(backend).lower():
+            sys.modules[__package__].init()
+        return original(*args, **kwargs)
+
+    return init_process_group
+
+
+def _register_tpu_dist() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available():
+        dist.Backend.register_backend(
+            "tpu_dist", _create_tpu_dist, extended_api=True, devices=["tpu"]
+        )
+        dist.init_process_group = _start_before_rendezvous(dist.init_process_group)
+
+
 def register() -> None:
     """Rename PrivateUse1 to tpu and install torch.tpu (once per process)."""
+    global _fallback_library
     if torch._C._get_privateuse1_backend_name() == "tpu":
         return
-    # fail early, with a clear message, on a bad TORCH_TPU_PLATFORM (without starting JAX)
-    platform.forced()
     _setup_privateuseone_for_python_backend(
         rename="tpu", backend_module=api, hook=_Hooks(), device_guard=_DeviceGuard()
     )
@@ -37,3 +92,6 @@ def register() -> None:
     modules.install()  # cpu<->tpu conversions keep Parameter objects and ties, as on CUDA
     pinned.install()  # before anything can pin: tpu is now the current accelerator
     accelerator.install()
+    _fallback_library = torch.library.Library("_", "IMPL")
+    _fallback_library.fallback(_fallback, "PrivateUse1")
+    _register_tpu_dist()

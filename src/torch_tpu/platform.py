@@ -1,44 +1,56 @@
 """Which XLA platform backs the tpu device: the TPU if JAX sees one, else a GPU, else XLA:CPU.
 
-JAX's backend is started lazily, on the first use of a device, not when
-torch_tpu is imported: `jax.distributed.initialize` (run by
-`dist.init_process_group("tpu_dist")`) must come before it.
+JAX is imported here only inside functions: `import torch` autoloads this
+package and must stay cheap. JAX's backend is started lazily, on the first
+use of a device, not when torch_tpu is imported: `jax.distributed.initialize`
+(run by `dist.init_process_group("tpu_dist")`) must come before it.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from typing import TYPE_CHECKING
 
-import jax
+if TYPE_CHECKING:
+    import jax
 
 _ALIASES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
+_UNSET_HINT = "unset TORCH_TPU_PLATFORM to use the best platform present (TPU, else GPU, else CPU)"
 
 
 class PlatformUnavailableError(RuntimeError):
-    """TORCH_TPU_PLATFORM names a platform JAX cannot reach on this machine."""
+    """TORCH_TPU_PLATFORM is misspelt, or names a platform JAX cannot reach on this machine."""
 
 
 def forced() -> str | None:
     """The platform TORCH_TPU_PLATFORM names (spelling checked), or None."""
-    name = os.environ.get("TORCH_TPU_PLATFORM", "").strip().lower()
+    raw = os.environ.get("TORCH_TPU_PLATFORM", "")
+    name = raw.strip().lower()
     if not name:
         return None
     if name not in _ALIASES:
-        raise PlatformUnavailableError(f"TORCH_TPU_PLATFORM={name!r} is not one of cpu, gpu, tpu")
+        raise PlatformUnavailableError(
+            f"TORCH_TPU_PLATFORM={raw!r} is not a platform; valid values (any case): "
+            f"{', '.join(_ALIASES)}. Fix the value or {_UNSET_HINT}"
+        )
     return _ALIASES[name]
 
 
 @functools.cache
 def platform() -> str:
-    """The XLA platform name ('tpu', 'gpu' or 'cpu'), chosen once per process."""
+    """The XLA platform name ('tpu', 'gpu' or 'cpu'), chosen once per process (starts
+    JAX's backend)."""
+    import jax
+
     name = forced()
     if name:
         try:
             jax.devices(name)
         except RuntimeError as e:
             raise PlatformUnavailableError(
-                f"TORCH_TPU_PLATFORM={name} but JAX finds no {name} device here: {e}"
+                f"TORCH_TPU_PLATFORM={os.environ['TORCH_TPU_PLATFORM']} but JAX finds no "
+                f"{name} device on this machine ({e}); {_UNSET_HINT}, or set it to cpu"
             ) from None
         return name
     for name in ("tpu", "gpu"):
@@ -48,6 +60,19 @@ def platform() -> str:
         except RuntimeError:
             continue
     return "cpu"
+
+
+def available() -> bool:
+    """Whether the tpu device can run here. XLA:CPU always can, so only a forced GPU or TPU
+    platform is probed (which starts JAX's backend); a misspelt one is not available."""
+    try:
+        name = forced()
+        if name in (None, "cpu"):
+            return True
+        platform()
+    except PlatformUnavailableError:
+        return False
+    return True
 
 
 def backend_started() -> bool:
@@ -61,6 +86,8 @@ def backend_started() -> bool:
 def devices() -> tuple[jax.Device, ...]:
     """This process's devices of the platform (starts JAX's backend). Local ones: in a
     multi-process job jax.devices() also lists the other processes' devices."""
+    import jax
+
     found = tuple(jax.local_devices(backend=platform()))
     jax.config.update("jax_default_device", found[0])
     return found
@@ -68,6 +95,8 @@ def devices() -> tuple[jax.Device, ...]:
 
 def restart() -> None:
     """Forget the started backend's devices (after jax.extend.backend.clear_backends)."""
+    import jax
+
     platform.cache_clear()
     devices.cache_clear()
     jax.config.update("jax_default_device", forced())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random as _py_random
 
-import jax
 import torch
 
 _seed: int = 67280421310721  # PyTorch's default CPU seed
@@ -43,6 +42,8 @@ def next_key_inputs() -> tuple[int, int]:
 
 def make_key(seed, counter):
     """Inside a jitted function: the PRNG key for (seed, counter)."""
+    import jax  # here, not at import: torch.manual_seed reaches this module in CPU programs
+
     return jax.random.fold_in(jax.random.PRNGKey(seed), counter)
 
 

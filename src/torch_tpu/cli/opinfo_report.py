@@ -6,11 +6,12 @@ import json
 import time
 from pathlib import Path
 
-from .. import inventory
+from .. import init, inventory
 from ..testing import opinfo, report
 
 
 def run(out: str, limit: int | None, only: list[str] | None, known: str | None) -> int:
+    init()  # the report counts the kernel table, filled at the device's start
     limit = limit or opinfo.SAMPLES_PER_CELL
     start = time.perf_counter()
     results = report.sweep(only, limit=limit)

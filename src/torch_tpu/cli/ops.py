@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .. import inventory
+from .. import init, inventory
 
 
 def run(check: str | None) -> int:
+    init()  # the kernel table is filled at the device's start
     if check:
         try:
             names = inventory.overloads(check)

@@ -10,7 +10,8 @@ from ..training import mlp, train_losses
 
 
 def run(steps: int = 5) -> int:
-    print(f"platform: {platform.platform()} ({api.get_device_name()})")
+    name = api.get_device_name()  # starts the device (and checks TORCH_TPU_*) first
+    print(f"platform: {platform.platform()} ({name})")
     x = torch.randn(2, 2, device="tpu")
     y = torch.randn(2, 2, device="tpu")
     z = x @ y

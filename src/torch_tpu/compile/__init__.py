@@ -11,8 +11,6 @@ import functools
 
 import torch
 
-from .options import custom_compiler_options
-
 __all__ = ["custom_compiler_options", "install", "register"]
 
 
@@ -36,3 +34,13 @@ def install() -> None:
 
     compile._torch_tpu_registers = True
     torch.compile = compile
+
+
+def __getattr__(name: str):
+    """`custom_compiler_options` imports JAX (through cache): only when asked for, since
+    `install` runs in every `import torch`."""
+    if name == "custom_compiler_options":
+        from .options import custom_compiler_options
+
+        return custom_compiler_options
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

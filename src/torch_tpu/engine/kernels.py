@@ -284,7 +284,9 @@ def _register_decompositions() -> None:
 
 
 def register_all() -> None:
-    """Install every tpu kernel; called once when torch_tpu initialises."""
+    """Install every tpu kernel; called once, at the device's first use (torch_tpu.init).
+    Ops left without a kernel reach the PrivateUse1 fallback device.register() installed
+    at import, which from then on runs engine.fallback."""
     from .. import ops  # noqa: F401  (imports every op family, filling the registry)
 
     _register_specials()
@@ -292,4 +294,3 @@ def register_all() -> None:
         if name not in KERNELS:
             _register_lowering(name, lowering)
     _register_decompositions()
-    fallback.install()
