@@ -82,9 +82,21 @@ CPU_IDIOMS: dict[str, str] = {
         """,
 }
 
-# Pinned-memory idioms (pin_memory(), DataLoader(pin_memory=True), is_pinned()) belong to the
-# pinned-memory work: add them here, in the same form, to hold them to the same comparison.
-PINNED_MEMORY_IDIOMS: dict[str, str] = {}
+# With the backend, tpu is the accelerator and DataLoader pins its batches; without it, the
+# loader warns and does not. The values must be the same either way (is_pinned() is not:
+# tests/test_pinned.py checks it against what a CUDA machine does).
+PINNED_MEMORY_IDIOMS: dict[str, str] = {
+    "DataLoader(pin_memory=True) with workers": """
+        import warnings
+        from torch.utils.data import DataLoader, TensorDataset
+        warnings.simplefilter("ignore")
+        data = TensorDataset(torch.arange(24.0).view(12, 2), torch.arange(12))
+        loader = DataLoader(data, batch_size=5, shuffle=True, num_workers=2, pin_memory=True,
+                            generator=torch.Generator().manual_seed(5))
+        for x, y in loader:
+            show(x, y)
+        """,
+}
 
 _PRELUDE = """
 import sys

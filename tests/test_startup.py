@@ -226,7 +226,7 @@ def test_eager_mode_spellings(text, mode, monkeypatch):
 
     assert modes.parse_mode(text) is modes.EagerMode[mode]
     monkeypatch.setenv("TORCH_TPU_EAGER_MODE", text)
-    assert modes._env_mode() is modes.EagerMode[mode]
+    assert modes.env_mode() is modes.EagerMode[mode]
 
 
 def test_environment_mode_is_the_starting_mode():

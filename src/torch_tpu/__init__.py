@@ -81,9 +81,10 @@ def init() -> None:
 
 def _start() -> None:
     global _initialised
-    from . import platform
+    from . import env, platform
     from .engine import modes
 
+    env.check_all()  # a bad TORCH_TPU_* value stops here, named, with its fix
     modes.configure()
     forced = platform.forced()
 

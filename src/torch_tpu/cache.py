@@ -47,7 +47,7 @@ from pathlib import Path
 import jax
 from jax.experimental import serialize_executable
 
-from . import cache_trust, metrics, platform
+from . import cache_trust, env, metrics, platform
 
 _MAGIC = b"TTPUXC2\n"
 _OLDER_MAGIC = b"TTPUXC1\n"  # unauthenticated entries of earlier releases: replaced quietly
@@ -74,7 +74,7 @@ _RUNTIME = f"jax {jax.__version__} jaxlib {importlib.metadata.version('jaxlib')}
 def _configure() -> None:
     global _directory, _configured
     _configured = True
-    if os.environ.get("TORCH_TPU_PERSISTENT_CACHE", "1").strip().lower() in ("0", "false", "off"):
+    if not env.flag("TORCH_TPU_PERSISTENT_CACHE", default=True):
         _directory = None
         return
     root = os.environ.get("TORCH_TPU_CACHE_DIR") or os.environ.get(
@@ -134,11 +134,7 @@ def problem() -> str | None:
 
 
 def max_bytes() -> int:
-    raw = os.environ.get("TORCH_TPU_CACHE_MAX_BYTES", "")
-    try:
-        return int(raw) if raw.strip() else _DEFAULT_MAX_BYTES
-    except ValueError:
-        raise ValueError(f"TORCH_TPU_CACHE_MAX_BYTES={raw!r} is not a number of bytes") from None
+    return env.integer("TORCH_TPU_CACHE_MAX_BYTES", _DEFAULT_MAX_BYTES, 0)
 
 
 @contextlib.contextmanager

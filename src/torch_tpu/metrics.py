@@ -13,7 +13,6 @@ size), so it is counted under "compiles" alone.
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -87,11 +86,9 @@ def _difference(old: list, new: list) -> tuple[str, list[str]]:
 
 
 def _warn_limit() -> int:
-    raw = os.environ.get("TORCH_TPU_RECOMPILE_WARN_LIMIT", "8")
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"TORCH_TPU_RECOMPILE_WARN_LIMIT={raw!r} is not an integer") from None
+    from .env import integer
+
+    return integer("TORCH_TPU_RECOMPILE_WARN_LIMIT", 8, 1)
 
 
 def _maybe_warn(code: tuple[str, str]) -> None:

@@ -78,7 +78,7 @@ def _run(
         command = [
             sys.executable,
             "-m",
-            "torch_tpu.cli.check_run",
+            "torch_tpu_cli.check_run",
             "--out",
             out,
             "--device",

@@ -140,11 +140,11 @@ def _cache() -> list[Check]:
 
 
 def _variables() -> list[Check]:
-    from .. import config
+    from .. import env
 
     checks = []
     for name in sorted(k for k in os.environ if k.startswith("TORCH_TPU_")):
-        problem = config.problem(name)
+        problem = env.problem(name)
         checks.append(Check(name, problem is None, os.environ[name], problem or ""))
     return checks or [Check("TORCH_TPU_* variables", True, "none set")]
 

@@ -14,14 +14,13 @@ a training loop compiles its segments once and then replays them.
 from __future__ import annotations
 
 import hashlib
-import os
 import weakref
 
 import numpy as np
 
-from .. import cache, metrics
+from .. import cache, env, metrics
 
-CAP = int(os.environ.get("TORCH_TPU_FUSE_CAP", "2048"))  # ops per segment before a flush
+CAP = env.integer("TORCH_TPU_FUSE_CAP", 2048, 1)  # ops per segment before a flush
 
 
 class Pending:

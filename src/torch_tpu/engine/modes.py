@@ -53,9 +53,12 @@ def parse_mode(text: str) -> EagerMode:
     raise ValueError(f"{text!r} is not an eager mode; valid (any case): {_mode_names()}")
 
 
-def _env_flag(name: str) -> bool:
+def env_flag(name: str, default: bool = False) -> bool:
+    """A switch variable: 1/true/yes/on or 0/false/no/off; default when unset or empty."""
     raw = os.environ.get(name, "")
     value = raw.strip().lower()
+    if not value:
+        return default
     if value in _TRUE:
         return True
     if value in _FALSE:
@@ -66,7 +69,7 @@ def _env_flag(name: str) -> bool:
     )
 
 
-def _env_mode() -> EagerMode:
+def env_mode() -> EagerMode:
     raw = os.environ.get("TORCH_TPU_EAGER_MODE", "")
     if raw.strip():
         try:
@@ -76,9 +79,9 @@ def _env_mode() -> EagerMode:
                 f"TORCH_TPU_EAGER_MODE={raw!r} is not an eager mode; valid values (any case): "
                 f"{_mode_names()}. Fix the value, or unset it for strict (the default)"
             ) from None
-    if _env_flag("TORCH_TPU_LAUNCH_BLOCKING"):
+    if env_flag("TORCH_TPU_LAUNCH_BLOCKING"):
         return EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
-    if _env_flag("TORCH_TPU_DEFER_AND_FUSE"):
+    if env_flag("TORCH_TPU_DEFER_AND_FUSE"):
         return EagerMode.DEFER_AND_FUSE
     return EagerMode.DEFER_NEVER
 
@@ -89,7 +92,7 @@ def configure() -> None:
     global current, check_nans, _configured
     if _configured:
         return
-    mode, nans = _env_mode(), _env_flag("TORCH_TPU_CHECK_NANS")
+    mode, nans = env_mode(), env_flag("TORCH_TPU_CHECK_NANS")
     current, check_nans, _configured = mode, nans, True
 
 

@@ -2,9 +2,11 @@
 in a process of its own (so a crash, a hang or a leaked global cannot touch the other
 runs). Writes what it saw as JSON to --out; the script's own output goes to stdout.
 
-The CPU reference runs without torch_tpu (TORCH_DEVICE_BACKEND_AUTOLOAD=0), so a
-script that picks its device with `torch.accelerator.current_accelerator()` gets
-`cpu` there and `tpu` in the other runs.
+The CPU reference runs without torch_tpu (TORCH_DEVICE_BACKEND_AUTOLOAD=0, and this
+module lives outside the torch_tpu package so that running it imports nothing of
+ours), so a script that picks its device with
+`torch.accelerator.current_accelerator()` gets `cpu` there and `tpu` in the other
+runs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ import traceback
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-_NOT_USER_CODE = (os.sep + "site-packages" + os.sep, os.sep + "torch_tpu" + os.sep, "<frozen")
+_NOT_USER_CODE = (
+    os.sep + "site-packages" + os.sep,
+    os.sep + "torch_tpu" + os.sep,
+    os.sep + "torch_tpu_cli" + os.sep,
+    "<frozen",
+)
 OUTPUT_ELEMENTS = 4096  # of the first step's output kept for the comparison
 
 
@@ -138,7 +145,7 @@ def _run_script(path: str, args: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torch_tpu.cli.check_run")
+    parser = argparse.ArgumentParser(prog="torch_tpu_cli.check_run")
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", choices=["cpu", "tpu"], required=True)
     parser.add_argument("--mode", default="eager")
