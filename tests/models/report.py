@@ -17,6 +17,7 @@ import concurrent.futures
 import dataclasses
 import datetime
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -139,7 +140,8 @@ def render(cells: list[dict], cases: list, modes: list[str], seconds: float) -> 
         "",
         "Written by `python tests/models/report.py` (see docs/models.md); do not edit by hand.",
         f"Run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC in {seconds / 60:.0f} min"
-        f" with {_versions()}.",
+        f" with {_versions()}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        " at the end (times are wall-clock and shared with whatever else ran).",
         "",
         f"**{passed} of {len(cells)} cells pass.** A cell is one model in one mode: a forward,"
         " a backward and one AdamW step compared with the CPU (outputs, loss, every gradient,"
@@ -152,7 +154,8 @@ def render(cells: list[dict], cases: list, modes: list[str], seconds: float) -> 
         "",
         "## Summary",
         "",
-        *([f"Not run (the run was cut short): {', '.join(not_run)}.", ""] if not_run else []),
+        *([f"Not run (the run was cut short; `--state` resumes it): {', '.join(not_run)}.", ""]
+          if not_run else []),
         "| model | source | " + " | ".join(modes) + " |",
         "|---|---|" + "---|" * len(modes),
     ]
