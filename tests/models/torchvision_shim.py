@@ -14,9 +14,9 @@ in plain PyTorch with the C++ kernel's semantics (boxes sorted by score,
 stable; a box is dropped when its IoU with a kept box exceeds the threshold).
 On a tpu tensor it runs like any op without a tpu lowering: through the CPU
 fallback, counted in `torch_tpu.metrics` as `torchvision::nms`, exactly as the
-real C++ op (CPU and CUDA kernels only) would. `roi_align` needs nothing:
-torchvision uses its pure-PyTorch version when the compiled ops are missing.
-The other compiled ops (`roi_pool`, `deform_conv2d`, ...) stay unavailable.
+real C++ op (CPU and CUDA kernels only) would. torchvision's pure-PyTorch
+`roi_align` serves CPU tensors only (on tpu it calls the missing compiled op:
+not yet shimmed). The other compiled ops (`roi_pool`, ...) stay unavailable.
 """
 
 from __future__ import annotations
