@@ -7,7 +7,9 @@ cannot synchronize or time, and it has no allocator, so
 `torch.accelerator.synchronize()` and every memory query would raise. While
 tpu is the current accelerator, install() routes those entry points to
 torch_tpu (streams.py, memory.py); for any other accelerator they are
-PyTorch's own. Device counts and indices already work through the guard.
+PyTorch's own. The device index goes to torch.tpu too: through the guard it
+would start the device (JAX and every kernel) in CPU-only programs, since the
+DataLoader asks for it whenever it pins memory with workers.
 """
 
 from __future__ import annotations
@@ -34,7 +36,21 @@ def _set_stream(stream: torch.Stream) -> None:
     streams.set_stream(stream)
 
 
+def _device_index() -> int:
+    from . import api
+
+    return api.current_device()
+
+
+def _set_device_index(device_index: int) -> None:
+    from . import api
+
+    api.set_device(device_index)
+
+
 _ROUTES = {
+    "_accelerator_getDeviceIndex": _device_index,
+    "_accelerator_setDeviceIndex": _set_device_index,
     "_accelerator_synchronizeDevice": lambda device_index: streams.synchronize(),
     "_accelerator_getStream": lambda device_index: streams.current_stream(),
     "_accelerator_setStream": _set_stream,

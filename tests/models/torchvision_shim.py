@@ -14,9 +14,11 @@ in plain PyTorch with the C++ kernel's semantics (boxes sorted by score,
 stable; a box is dropped when its IoU with a kept box exceeds the threshold).
 On a tpu tensor it runs like any op without a tpu lowering: through the CPU
 fallback, counted in `torch_tpu.metrics` as `torchvision::nms`, exactly as the
-real C++ op (CPU and CUDA kernels only) would. torchvision's pure-PyTorch
-`roi_align` serves CPU tensors only (on tpu it calls the missing compiled op:
-not yet shimmed). The other compiled ops (`roi_pool`, ...) stay unavailable.
+real C++ op (CPU and CUDA kernels only) would. `roi_align` (the detection
+models' pooler) is defined too, as a composite of torchvision's own
+pure-PyTorch `_roi_align`, so it runs on any device as ordinary ops, with
+autograd: torchvision calls the compiled op on devices it does not know (tpu).
+The other compiled ops (`roi_pool`, ...) stay unavailable.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ def install() -> str:
     _library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     _library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     _library.impl("nms", _nms_cpu, "CPU")
+    _library.define(
+        "roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, "
+        "SymInt pooled_width, int sampling_ratio, bool aligned) -> Tensor"
+    )
+    _library.impl("roi_align", _roi_align, "CompositeImplicitAutograd")
     import torchvision.extension
 
     # torchvision's Python wrappers check this before calling a compiled op; nms now has one.
@@ -56,6 +63,19 @@ def _compiled_ops_load() -> bool:
         except OSError:
             return False
     return False
+
+
+def _roi_align(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
+    import inspect
+
+    module = importlib.import_module("torchvision.ops.roi_align")
+
+    # the plain function: torchvision wraps it in torch.compile, which cannot run
+    # inside a kernel (and would compile for CPU's Inductor on tpu tensors)
+    pure_pytorch = inspect.unwrap(module._roi_align)
+    return pure_pytorch(
+        input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned
+    )
 
 
 def _nms_cpu(dets: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
