@@ -2,7 +2,9 @@
 
 import pytest
 import torch
+import torchvision_shim  # pytest puts this folder on sys.path (rootdir-relative imports)
 
+torchvision_shim.install()  # before torchvision is imported (see torchvision_shim.py)
 torchvision = pytest.importorskip("torchvision", reason="the models extra is not installed")
 
 

@@ -21,6 +21,9 @@ if MISSING:
         allow_module_level=True,
     )
 
+# pytest puts this folder on sys.path; zoo installs the torchvision shim before torchvision
+# loads. (No conftest.py here: a second `conftest` module would shadow tests/conftest.py for
+# the suite's `from conftest import ...`.)
 import harness  # noqa: E402
 import zoo  # noqa: E402
 
