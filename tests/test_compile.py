@@ -265,3 +265,21 @@ def test_backend_is_registered_under_its_name():
     assert "tpu" in torch._dynamo.list_backends()
     assert torch.compiler.get_default_backend() is backend.tpu_or_inductor
     assert torch_tpu.compile.custom_compiler_options is torch.tpu.compiler.custom_compiler_options
+
+
+def test_complex_gradients_through_conj_views_match_cpu():
+    """AOTAutograd's complex backward graphs hold `_conj` views (PyTorch's conj bit); a
+    compiled graph must conjugate there, as eager does (it silently did not)."""
+    torch.manual_seed(0)
+    f = torch.randn(17, dtype=torch.complex64)
+    x = torch.randn(2, 4, 32)
+
+    def fn(x, f):
+        y = torch.fft.irfft(torch.fft.rfft(x, dim=-1) * f, n=32, dim=-1)
+        return y.pow(2).sum() + (f.conj() * f.conj().neg()).real.sum()
+
+    expected = f.clone().requires_grad_()
+    fn(x, expected).backward()
+    actual = f.to("tpu").requires_grad_()
+    torch.compile(fn, backend="tpu")(x.to("tpu"), actual).backward()
+    torch.testing.assert_close(actual.grad.cpu(), expected.grad, rtol=1e-5, atol=1e-4)

@@ -308,7 +308,10 @@ def _cast(out, val, name: str):
 
 def _view(node: torch.fx.Node, env: dict, storages: dict):
     """A view's value: its chain root laid into a storage at the root's geometry, read
-    back at the view's geometry (slice/reshape/transpose for regular views)."""
+    back at the view's geometry (slice/reshape/transpose for regular views). A view can
+    also flip PyTorch's conj or neg bit (`_conj`, `_neg_view`, which AOTAutograd emits
+    in complex backward graphs): its values are then the storage's conjugated or
+    negated, relative to the root's own bits."""
     root = node
     while root.op == "call_function" and getattr(root.target, "is_view", False):
         root = root.args[0]
@@ -320,12 +323,13 @@ def _view(node: torch.fx.Node, env: dict, storages: dict):
         storage = strided.write(zeros, root_view, env[root])
         storages[root] = (storage, root_view)
     val = node.meta["val"]
+    base = root.meta.get("val")
     if isinstance(val, (list, tuple)):
-        return [_read(storage, root_view, v) for v in val]
-    return _read(storage, root_view, val)
+        return [_read(storage, root_view, v, base) for v in val]
+    return _read(storage, root_view, val, base)
 
 
-def _read(storage, root_view: strided.View, val):
+def _read(storage, root_view: strided.View, val, base):
     view = strided.View(
         tuple(val.shape),
         tuple(val.stride()),
@@ -334,7 +338,13 @@ def _read(storage, root_view: strided.View, val):
         root_view.storage_numel,
         root_view.storage_dtype,
     )
-    return strided.read(storage, view)
+    value = strided.read(storage, view)
+    if isinstance(base, torch.Tensor):
+        if val.is_conj() != base.is_conj():
+            value = jnp.conj(value)
+        if val.is_neg() != base.is_neg():
+            value = -value
+    return value
 
 
 def storage_numel(val: torch.Tensor) -> int:
