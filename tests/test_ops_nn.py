@@ -1,10 +1,13 @@
 """nn ops on tpu match the CPU, forward and backward, without CPU fallback."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_same, assert_same_grad, no_fallback
 
+import torch_tpu
 from torch_tpu.ops.registry import LOWERINGS
 
 NN_OPS = {f"aten::{n}" for n, low in LOWERINGS.items() if low.fn.__module__.endswith("ops.nn")}
@@ -383,3 +386,19 @@ def test_cnn_trains_like_cpu(no_nn_fallback):
             losses[device].append(loss.item())
     torch.testing.assert_close(losses["tpu"], losses["cpu"], atol=1e-4, rtol=1e-4)
     assert losses["tpu"][-1] < losses["tpu"][0]
+
+
+@pytest.mark.parametrize("dim", [0, 2, None])
+def test_weight_norm_parametrization_trains_on_tpu(dim):
+    """The fused weight-norm interface and its backward (wav2vec2's positional conv) run on
+    tpu with CPU's gradients; the backward used to fall back to the CPU."""
+    torch.manual_seed(0)
+    conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 6, 3), dim=dim)
+    x = torch.randn(2, 4, 10)
+    tpu_conv = copy.deepcopy(conv).to("tpu")
+    conv(x).pow(2).sum().backward()
+    torch_tpu.metrics.reset()
+    tpu_conv(x.to("tpu")).pow(2).sum().backward()
+    assert torch_tpu.metrics.snapshot()["fallback_ops"] == {}
+    for (name, p), (_, q) in zip(conv.named_parameters(), tpu_conv.named_parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-5, atol=1e-5, msg=name)

@@ -15,4 +15,5 @@ from . import (  # noqa: F401
     reduction,
     rnn,
     shape,
+    weight_norm,
 )
