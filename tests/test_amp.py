@@ -216,7 +216,21 @@ def _policy_inputs(policy: str, inputs: list, lower: torch.dtype) -> list:
     return inputs
 
 
-@pytest.mark.usefixtures("eager_mode")
+# The casting policy is mode-independent (one set of kernels): CI checks it in strict
+# mode; debug and fused repeat all 88 cells and run in the full suite only.
+@pytest.fixture(
+    params=[
+        "strict",
+        pytest.param("debug", marks=pytest.mark.slow),
+        pytest.param("fused", marks=pytest.mark.slow),
+    ]
+)
+def policy_mode(request):
+    with torch.tpu.set_eager_mode(request.param):
+        yield request.param
+
+
+@pytest.mark.usefixtures("policy_mode")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name,policy,fn,shapes", OPS, ids=[o[0] for o in OPS])
 def test_op_output_matches_cuda_policy(name, policy, fn, shapes, dtype):

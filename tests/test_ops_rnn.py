@@ -13,7 +13,8 @@ import torch_tpu
 TOL = {"atol": 1e-5, "rtol": 1e-4}
 
 
-@pytest.fixture(params=["strict", "fused"])
+# fused cases compile large segments (about a minute each on 2 cores): the full run only
+@pytest.fixture(params=["strict", pytest.param("fused", marks=pytest.mark.slow)])
 def mode(request):
     with torch.tpu.set_eager_mode(request.param):
         yield request.param
