@@ -17,7 +17,6 @@ from .. import metrics
 DEVICE_TYPE = "tpu"  # the renamed PrivateUse1 (engine.executor uses the same name)
 enabled: bool = True
 _warned: set[str] = set()
-_lib = torch.library.Library("_", "IMPL")
 
 
 def _op_name(op) -> str:
@@ -93,11 +92,3 @@ def _map_result(result, written):
     if isinstance(result, (list, tuple)):
         return type(result)(_map_result(r, written) for r in result)
     return result
-
-
-def _fallback_kernel(op, *args, **kwargs):
-    return run_on_cpu(op, args, kwargs)
-
-
-def install() -> None:
-    _lib.fallback(_fallback_kernel, "PrivateUse1")
