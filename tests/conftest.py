@@ -119,3 +119,13 @@ def no_fallback(family: str, ours):
     yield
     fell = [op for op in torch_tpu.metrics.snapshot()["fallback_ops"] if ours(op)]
     assert not fell, f"{family} ops fell back to the CPU: {sorted(fell)}"
+
+
+@pytest.fixture
+def no_cpu_fallback():
+    """Nothing at all runs on the CPU inside the test."""
+    torch_tpu.metrics.reset()
+    yield
+    torch.tpu.synchronize()
+    fell = torch_tpu.metrics.snapshot()["fallback_ops"]
+    assert not fell, f"ops fell back to the CPU: {sorted(fell)}"

@@ -8,8 +8,6 @@ import torch
 import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-import torch_tpu
-
 TOL = {"atol": 1e-5, "rtol": 1e-4}
 
 
@@ -18,16 +16,6 @@ TOL = {"atol": 1e-5, "rtol": 1e-4}
 def mode(request):
     with torch.tpu.set_eager_mode(request.param):
         yield request.param
-
-
-@pytest.fixture
-def no_fallback():
-    """Nothing at all runs on the CPU inside the test."""
-    torch_tpu.metrics.reset()
-    yield
-    torch.tpu.synchronize()
-    fell = torch_tpu.metrics.snapshot()["fallback_ops"]
-    assert not fell, f"ops fell back to the CPU: {sorted(fell)}"
 
 
 def _flat(out):
@@ -79,7 +67,7 @@ def _with_state(kind, layers):
 
 
 @pytest.mark.parametrize("kind", sorted(RNNS))
-def test_rnn_module(kind, mode, no_fallback):
+def test_rnn_module(kind, mode, no_cpu_fallback):
     """Two layers, bidirectional, batch_first, with and without an initial state."""
     module = RNNS[kind](num_layers=2, bidirectional=True, batch_first=True)
     x = torch.randn(3, 4, 5)
@@ -89,11 +77,11 @@ def test_rnn_module(kind, mode, no_fallback):
 
 
 @pytest.mark.parametrize("kind", sorted(RNNS))
-def test_rnn_no_bias_unbatched(kind, mode, no_fallback):
+def test_rnn_no_bias_unbatched(kind, mode, no_cpu_fallback):
     check_module(RNNS[kind](bias=False), [torch.randn(4, 5)])
 
 
-def test_lstm_proj_size(mode, no_fallback):
+def test_lstm_proj_size(mode, no_cpu_fallback):
     module = nn.LSTM(5, 6, num_layers=2, proj_size=3, bidirectional=True)
     check_module(module, [torch.randn(4, 3, 5)])
     h0, c0 = torch.randn(4, 3, 3), torch.randn(4, 3, 6)
@@ -101,7 +89,7 @@ def test_lstm_proj_size(mode, no_fallback):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh"])
-def test_rnn_packed_sequence(kind, mode, no_fallback):
+def test_rnn_packed_sequence(kind, mode, no_cpu_fallback):
     module = RNNS[kind](num_layers=2, bidirectional=True)
     lengths = torch.tensor([2, 5, 3])  # unsorted: PyTorch sorts and unsorts on the device
 
@@ -114,7 +102,7 @@ def test_rnn_packed_sequence(kind, mode, no_fallback):
     check_module(module, [torch.randn(5, 3, 5)], run)
 
 
-def test_lstm_dropout_between_layers(mode, no_fallback):
+def test_lstm_dropout_between_layers(mode, no_cpu_fallback):
     """Dropout draws differ between devices, so check what must hold: eval mode ignores
     it exactly, and in training the dropped layer still runs on tpu with gradients."""
     module = nn.LSTM(5, 6, num_layers=3, dropout=0.5)
@@ -134,7 +122,7 @@ CELLS = {
 
 
 @pytest.mark.parametrize("kind", sorted(CELLS))
-def test_cell(kind, mode, no_fallback):
+def test_cell(kind, mode, no_cpu_fallback):
     """With a given state, without one, unbatched, and without biases."""
     cell = CELLS[kind](5, 6)
     x, h = torch.randn(3, 5), torch.randn(3, 6)
@@ -147,7 +135,7 @@ def test_cell(kind, mode, no_fallback):
     check_module(CELLS[kind](5, 6, bias=False), [x])
 
 
-def test_lstm_cell_only_one_output_used(no_fallback):
+def test_lstm_cell_only_one_output_used(no_cpu_fallback):
     """Backward with a gradient for c but none for h (and the other way round)."""
     cell = nn.LSTMCell(5, 6)
     x = torch.randn(3, 5)
@@ -156,7 +144,7 @@ def test_lstm_cell_only_one_output_used(no_fallback):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_rnn_bfloat16(kind, no_fallback):
+def test_rnn_bfloat16(kind, no_cpu_fallback):
     module = RNNS[kind]().to(torch.bfloat16)
     x = torch.randn(4, 3, 5, dtype=torch.bfloat16)
     twin = copy.deepcopy(module).to("tpu")
@@ -166,7 +154,7 @@ def test_rnn_bfloat16(kind, no_fallback):
         torch.testing.assert_close(a.cpu(), e, atol=3e-2, rtol=3e-2)
 
 
-def test_double_backward_through_lstm_cell(no_fallback):
+def test_double_backward_through_lstm_cell(no_cpu_fallback):
     """create_graph=True takes PyTorch's differentiable cell backward (composite ops)."""
     cell = nn.LSTMCell(4, 3)
     twin = copy.deepcopy(cell).to("tpu")
@@ -180,7 +168,7 @@ def test_double_backward_through_lstm_cell(no_fallback):
     torch.testing.assert_close(results[1], results[0], **TOL)
 
 
-def test_lstm_compiled(no_fallback):
+def test_lstm_compiled(no_cpu_fallback):
     module = nn.LSTM(5, 6, num_layers=2, batch_first=True)
     twin = copy.deepcopy(module).to("tpu")
     compiled = torch.compile(twin, backend="tpu")
