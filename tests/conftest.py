@@ -79,7 +79,14 @@ def _private_compilation_cache(tmp_path_factory):
     """The suite compiles into its own fresh cache directory: results never depend on
     what an earlier run left in the user's cache, and the user's cache is not filled.
     Subprocesses the tests start share it through the environment."""
-    root = tmp_path_factory.mktemp("compilation_cache")
+    # Under pytest-xdist the workers share one directory (each has its own basetemp
+    # below a common parent): an executable compiled by one is loaded by the other.
+    # Entries are written to a temporary file and renamed, so sharing is safe.
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    root = base / "compilation_cache"
+    root.mkdir(mode=0o700, exist_ok=True)
     os.environ["TORCH_TPU_CACHE_DIR"] = str(root)
     torch_tpu.cache.set_directory(root)
 
