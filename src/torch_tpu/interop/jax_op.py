@@ -169,7 +169,7 @@ class _InterpretPallas:
             warnings.warn(
                 "torch_tpu: this platform has no Pallas backend; Pallas kernels in jax_ops "
                 "run in Pallas's interpret mode (correct, slow). On TPU/GPU they run natively.",
-                stacklevel=2,
+                stacklevel=4,
             )
         return True
 
@@ -283,29 +283,45 @@ def _shaped(t: torch.Tensor) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(int(s) for s in t.shape), dtypes.to_jax(t.dtype))
 
 
-def eval_shapes(op: str, sig: _Signature, fn: Callable, values: list) -> tuple:
+def eval_shapes(op: str, sig: _Signature, fn: Callable, values: list, hint: str = "") -> tuple:
     """Output (shape, dtype)s of fn on these arguments, from jax.eval_shape (no compute).
     A tracer leaking out of fn is caught here, at its first trace."""
-    tensors = _flat_tensors(sig, values)
+    tensors = [_shaped(t) for t in _flat_tensors(sig, values)]
 
     def traced(*leaves):
         return fn(*_unflatten(sig, values, leaves))
 
     try:
-        with jax.checking_leaks(), pallas_platform("cpu"):
-            out = jax.eval_shape(traced, *[_shaped(t) for t in tensors])
+        try:
+            with jax.checking_leaks(), pallas_platform("cpu"):
+                out = jax.eval_shape(traced, *tensors)
+        except Exception as error:
+            if "Leaked" not in str(error):
+                raise
+            # a failed trace also leaves tracers behind: report the failure itself if any
+            with pallas_platform("cpu"):
+                jax.eval_shape(traced, *tensors)
+            raise JaxOpError(
+                f"jax_op {op}: the function leaks a tracer (stores a traced value outside "
+                f"itself, e.g. in a global or a closure): {error}"
+            ) from None
     except JaxOpError:
         raise
     except Exception as error:
-        raise JaxOpError(f"jax_op {op} failed while tracing ({type(error).__name__}: {error})")
+        raise JaxOpError(
+            f"jax_op {op} failed while tracing ({type(error).__name__}: {error}){hint}"
+        ) from error
     return _outputs(op, sig, out)
 
 
 class _Definition:
     """Everything one jax_op is made of; its kernels close over it."""
 
-    def __init__(self, name: str, fn: Callable, sig: _Signature, donate: tuple[int, ...]):
+    def __init__(
+        self, name: str, fn: Callable, sig: _Signature, donate: tuple[int, ...], hint: str = ""
+    ):
         self.name = name
+        self.hint = hint  # added to tracing errors (the vjp op's: how to give a backward)
         self.fn = fn
         self.sig = sig
         self.donate = donate
@@ -325,7 +341,8 @@ class _Definition:
     def fake(self, *args, **kwargs):
         values = _bind(self.sig, args, kwargs)
         device = _flat_tensors(self.sig, values)[0].device
-        shapes = eval_shapes(self.name, self.sig, self.fn, [_hashable(v) for v in values])
+        values = [_hashable(v) for v in values]
+        shapes = eval_shapes(self.name, self.sig, self.fn, values, self.hint)
         outs = [torch.empty(s.shape, dtype=dtypes.to_torch(s.dtype), device=device) for s in shapes]
         return self._pack(outs)
 
@@ -509,26 +526,31 @@ def _wants_keywords(sig: _Signature) -> bool:
 # ------------------------------------------------------------------ definition
 
 
-def define(name: str, fn: Callable, sig: _Signature, donate: tuple[int, ...], grad: bool):
+_VJP_HINT = (
+    "; JAX cannot differentiate it (a Pallas kernel, for one, has no reverse-mode rule): "
+    "give it one with jax.custom_vjp, or register a backward with op.register_autograd"
+)
+
+
+def define(
+    name: str, fn: Callable, sig: _Signature, donate: tuple[int, ...], grad: bool, hint: str = ""
+):
     """Register the op (dispatcher, registry, kernels) and, if grad, its vjp op."""
     import torch_tpu
 
     from ..engine import kernels
-    from ..ops.registry import canonical, lower
+    from ..ops.registry import LOWERINGS, canonical, lower
 
     torch_tpu.init()  # JAX with x64, the kernel tables: the op may be used at once
-    definition = _Definition(name, fn, sig, donate)
+    definition = _Definition(name, fn, sig, donate, hint)
     op = torch.library.custom_op(
         name, definition.cpu, mutates_args=(), device_types="cpu", schema=sig.schema()
     )
     op.register_fake(definition.fake)
-    lowering_fn = lower(name, replace=True)(definition.lowering)
-    from ..ops.registry import LOWERINGS
-
+    lower(name, replace=True)(definition.lowering)
     kernels.register_custom(
         op._lib, op._opoverload, LOWERINGS[canonical(name)], definition.wrap_tpu
     )
-    del lowering_fn
     if grad:
         vjp_params = sig.params + (_Param("cotangents", _TENSORS, "Tensor[] cotangents", False),)
         # keyword-only statics stay keyword-only: cotangents goes before them
@@ -536,7 +558,7 @@ def define(name: str, fn: Callable, sig: _Signature, donate: tuple[int, ...], gr
         keyword = tuple(p for p in vjp_params if p.kwarg_only)
         vjp_sig = _Signature(positional + keyword, ("Tensor[]",), True)
         vjp_def = _reorder(vjp_function(definition), sig, vjp_sig)
-        vjp_op = define(f"{name}_vjp", vjp_def, vjp_sig, (), grad=False)
+        vjp_op = define(f"{name}_vjp", vjp_def, vjp_sig, (), grad=False, hint=_VJP_HINT)
         backward, setup = autograd_rule(definition, vjp_op)
         if _wants_keywords(sig):
             op.register_autograd(
