@@ -14,6 +14,7 @@ in Pallas's interpret mode (a note says so once).
 from __future__ import annotations
 
 import argparse
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -37,7 +38,10 @@ def _rms_forward(x, w):
         _rms_kernel,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         grid=(rows // block,),
-        in_specs=[pl.BlockSpec((block, dim), lambda i: (i, 0)), pl.BlockSpec((dim,), lambda i: (0,))],
+        in_specs=[
+            pl.BlockSpec((block, dim), lambda i: (i, 0)),
+            pl.BlockSpec((dim,), lambda i: (0,)),
+        ],
         out_specs=pl.BlockSpec((block, dim), lambda i: (i, 0)),
     )(x, w)
 

@@ -367,7 +367,9 @@ class _Definition:
         except JaxOpError:
             raise
         except Exception as error:
-            raise JaxOpError(f"jax_op {self.name} failed on the CPU ({type(error).__name__}: {error})")
+            raise JaxOpError(
+                f"jax_op {self.name} failed on the CPU ({type(error).__name__}: {error})"
+            ) from error
         leaves = _outputs(self.name, self.sig, out)
         outs = [dtypes.cpu_from_numpy(np.asarray(x), dtypes.to_torch(x.dtype)) for x in leaves]
         return self._pack(outs)
@@ -504,7 +506,8 @@ def autograd_rule(definition: _Definition, vjp_op) -> tuple[Callable, Callable]:
         positional = [v for p, v in zip(sig.params, values) if not p.kwarg_only]
         keyword = {p.name: v for p, v in zip(sig.params, values) if p.kwarg_only}
         flat = vjp_op(*positional, cotangents, **keyword)
-        flat = [g if x.is_floating_point() or x.is_complex() else None for g, x in zip(flat, leaves)]
+        flat = [g if x.is_floating_point() or x.is_complex() else None
+                for g, x in zip(flat, leaves)]
         it = iter(flat)
         out = []
         for p, n, present in zip(sig.params, ctx.lengths, ctx.present):
