@@ -68,6 +68,43 @@ def test_tuple_returns_and_static_int(mode):
     torch.testing.assert_close(mx.cpu(), x.amax(1))
 
 
+@jax_op("jaxop_test::pad_scale")
+def pad_scale(
+    x: jax.Array,
+    bias: jax.Array | None = None,
+    *,
+    pads: tuple[int, ...] = (1, 1),
+    scale: float | None = None,
+) -> jax.Array:
+    y = jnp.pad(x, [tuple(pads)] * x.ndim)
+    if bias is not None:
+        y = y + bias.sum()
+    return y * (1.0 if scale is None else scale)
+
+
+def pad_scale_ref(x, bias=None, *, pads=(1, 1), scale=None):
+    y = torch.nn.functional.pad(x, (pads[0], pads[1]) * x.dim())
+    if bias is not None:
+        y = y + bias.sum()
+    return y * (1.0 if scale is None else scale)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_optional_tensor_and_keyword_only_static_tuple(mode):
+    x, b = torch.randn(3, 3), torch.randn(2)
+    xt, bt = to_tpu(x).requires_grad_(), to_tpu(b).requires_grad_()
+    xc, bc = x.clone().requires_grad_(), b.clone().requires_grad_()
+    for bias, bias_ref in ((None, None), (bt, bc)):
+        out = run_in_mode(mode, lambda a, c: pad_scale(a, c, pads=(0, 2), scale=3.0), xt, bias)
+        expected = pad_scale_ref(xc, bias_ref, pads=(0, 2), scale=3.0)
+        torch.testing.assert_close(out.detach().cpu(), expected.detach())
+        (out * out).sum().backward()
+        (expected * expected).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+    torch.testing.assert_close(bt.grad.cpu(), bc.grad)
+    torch.library.opcheck(pad_scale, (to_tpu(x), to_tpu(b)), {"pads": (1, 2), "scale": 0.5})
+
+
 def test_static_arguments_are_part_of_the_cache_key():
     x, y = torch.randn(3), torch.randn(3)
     xt, yt = to_tpu(x), to_tpu(y)

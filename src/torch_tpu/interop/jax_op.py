@@ -249,6 +249,13 @@ def _bind(sig: _Signature, args: tuple, kwargs: dict) -> list:
     return values
 
 
+def call(fn: Callable, sig: _Signature, values: Sequence):
+    """fn on arguments in schema order (keyword-only ones by name)."""
+    positional = [v for p, v in zip(sig.params, values) if not p.kwarg_only]
+    keyword = {p.name: v for p, v in zip(sig.params, values) if p.kwarg_only}
+    return fn(*positional, **keyword)
+
+
 def _hashable(value):
     return tuple(value) if isinstance(value, list) else value
 
@@ -289,7 +296,7 @@ def eval_shapes(op: str, sig: _Signature, fn: Callable, values: list, hint: str 
     tensors = [_shaped(t) for t in _flat_tensors(sig, values)]
 
     def traced(*leaves):
-        return fn(*_unflatten(sig, values, leaves))
+        return call(fn, sig, _unflatten(sig, values, leaves))
 
     try:
         try:
@@ -331,7 +338,7 @@ class _Definition:
     # -- the lowering: traced by strict/fused executables and compiled graphs
     def lowering(self, *args):
         with pallas_platform(_device_platform()):
-            out = self.fn(*args)
+            out = call(self.fn, self.sig, args)
         leaves = _outputs(self.name, self.sig, out)
         return list(leaves) if self.sig.returns == ("Tensor[]",) else (
             leaves[0] if self.sig.single else leaves
@@ -354,7 +361,7 @@ class _Definition:
     # -- CPU kernel: the same function, run by JAX on the host
     def _call_cpu(self, *values):
         with pallas_platform("cpu"):
-            return self.fn(*values)
+            return call(self.fn, self.sig, values)
 
     def cpu(self, *args, **kwargs):
         values = [_hashable(v) for v in _bind(self.sig, args, kwargs)]
@@ -457,7 +464,7 @@ def vjp_function(definition: _Definition) -> Callable:
             full = list(leaves)
             for k, x in zip(wrt, diff):
                 full[k] = x
-            out = fn(*_unflatten(sig, values, full))
+            out = call(fn, sig, _unflatten(sig, values, full))
             return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
         outs, pullback = jax.vjp(forward, *[leaves[k] for k in wrt])
@@ -577,15 +584,13 @@ def define(
 
 
 def _reorder(vjp: Callable, sig: _Signature, vjp_sig: _Signature) -> Callable:
-    """The vjp op takes (positional forward args, cotangents, keyword-only statics); the
-    vjp function wants (forward args in order, cotangents)."""
-    n_positional = sum(1 for p in sig.params if not p.kwarg_only)
+    """The vjp op is called as (positional forward args, cotangents, **keyword-only
+    statics); the vjp function wants (forward args in schema order, cotangents)."""
 
-    def ordered(*args):
-        positional = list(args[:n_positional])
-        cotangents = args[n_positional]
-        keyword = list(args[n_positional + 1 :])
-        return vjp(*positional, *keyword, cotangents)
+    def ordered(*args, **keyword):
+        *positional, cotangents = args
+        values = positional + [keyword[p.name] for p in sig.params if p.kwarg_only]
+        return vjp(*values, cotangents)
 
     return ordered
 
