@@ -17,6 +17,9 @@ import torch_tpu
 from torch_tpu import jax_op
 
 MODES = ["strict", "fused", "compiled"]
+# the CI subset runs a behaviour's mode sweep once (test_forward_and_gradients_match_pytorch);
+# elsewhere strict only, the other modes in the full suite
+SWEEP = ["strict"] + [pytest.param(m, marks=pytest.mark.slow) for m in ("fused", "compiled")]
 
 
 @jax_op("jaxop_test::scale_add")
@@ -44,7 +47,7 @@ def run_in_mode(mode, fn, *args):
         return out
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["debug", *MODES])
 def test_forward_and_gradients_match_pytorch(mode):
     x, y = torch.randn(5, 3), torch.randn(5, 3)
 
@@ -60,7 +63,7 @@ def test_forward_and_gradients_match_pytorch(mode):
     torch.testing.assert_close(yt.grad.cpu(), 2 * torch.cos(y))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SWEEP)
 def test_tuple_returns_and_static_int(mode):
     x = torch.randn(4, 6)
     mean, mx = run_in_mode(mode, lambda a: split_stats(a, 1), to_tpu(x))
@@ -89,7 +92,7 @@ def pad_scale_ref(x, bias=None, *, pads=(1, 1), scale=None):
     return y * (1.0 if scale is None else scale)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SWEEP)
 def test_optional_tensor_and_keyword_only_static_tuple(mode):
     x, b = torch.randn(3, 3), torch.randn(2)
     xt, bt = to_tpu(x).requires_grad_(), to_tpu(b).requires_grad_()
@@ -129,6 +132,7 @@ def test_opcheck(device):
     torch.library.opcheck(split_stats, (x, 0))
 
 
+@pytest.mark.slow  # float64 finite differences, ~15 s on 2 shared cores; CI checks vs PyTorch
 def test_gradcheck_against_finite_differences():
     x = torch.randn(3, 2, dtype=torch.float64, device="tpu", requires_grad=True)
     y = torch.randn(3, 2, dtype=torch.float64, device="tpu", requires_grad=True)
@@ -156,7 +160,7 @@ def clip_op(x: jax.Array) -> jax.Array:
     return clip_st(x)
 
 
-@pytest.mark.parametrize("mode", ["strict", "compiled"])
+@pytest.mark.parametrize("mode", SWEEP)
 def test_custom_vjp_keeps_its_rule(mode):
     x = to_tpu(torch.linspace(-3, 3, 7)).requires_grad_()
     run_in_mode(mode, lambda a: clip_op(a) * 1.0, x).sum().backward()
@@ -250,6 +254,7 @@ def test_bad_definitions_and_calls_raise_naming_the_op():
         scale_add(torch.ones(2, 2, device="tpu"), torch.ones(2, 2))
 
 
+@pytest.mark.slow  # a fresh interpreter (~5-20 s); tests/test_startup.py guards the import in CI
 def test_lazy_names_do_not_import_jax_at_import_torch():
     code = """
         import sys, torch, torch_tpu

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import to_tpu
-from test_jax_op import run_in_mode
+from test_jax_op import SWEEP, run_in_mode
 
 
 def ragged_dot_reference(lhs, rhs, group_sizes):
@@ -19,7 +19,11 @@ def ragged_dot_reference(lhs, rhs, group_sizes):
     return out
 
 
-@pytest.mark.parametrize("mode", ["strict", "fused", "compiled"])
+# compiled runs in the full suite only (ragged_dot under compile: ~7 s on 2 shared cores)
+FAST_EAGER = ["strict", "fused", pytest.param("compiled", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("mode", FAST_EAGER)
 def test_ragged_dot_forward_and_gradients(mode):
     lhs, rhs = torch.randn(11, 4), torch.randn(3, 4, 5)
     group_sizes = torch.tensor([4, 0, 6])  # an empty group, and one row past the groups
@@ -39,13 +43,19 @@ def test_ragged_dot_forward_and_gradients(mode):
     torch.testing.assert_close(rt.grad.cpu(), rc.grad, rtol=1e-5, atol=1e-5)
 
 
-def test_ragged_dot_opcheck():
-    args = (torch.randn(6, 3, device="tpu"), torch.randn(2, 3, 4, device="tpu"),
-            torch.tensor([2, 4], device="tpu"))
-    torch.library.opcheck(torch.tpu.ops.ragged_dot, args)
+@pytest.mark.slow  # opcheck traces each op through AOTAutograd twice (~10-20 s per op)
+@pytest.mark.parametrize("name", ["ragged_dot", "optimization_barrier", "attention"])
+def test_opcheck(name):
+    t = lambda *shape: torch.randn(*shape, device="tpu")  # noqa: E731
+    args = {
+        "ragged_dot": (t(6, 3), t(2, 3, 4), torch.tensor([2, 4], device="tpu")),
+        "optimization_barrier": ([t(3), t(2, 2)],),
+        "attention": (t(1, 2, 4, 8), t(1, 2, 4, 8), t(1, 2, 4, 8), t(4, 4)),
+    }[name]
+    torch.library.opcheck(getattr(torch.tpu.ops, name), args)
 
 
-@pytest.mark.parametrize("mode", ["strict", "fused", "compiled"])
+@pytest.mark.parametrize("mode", SWEEP)
 def test_optimization_barrier_is_the_identity_with_gradients(mode):
     a, b = torch.randn(3), torch.randn(2, 2)
     at, bt = to_tpu(a).requires_grad_(), to_tpu(b).requires_grad_()
@@ -66,7 +76,7 @@ def test_optimization_barrier_is_the_identity_with_gradients(mode):
 @pytest.mark.parametrize(
     "mode, variant",
     [("strict", v) for v in ("plain", "causal", "bool_mask", "float_mask")]
-    + [("fused", "causal"), ("compiled", "causal")],
+    + [pytest.param(m, "causal", marks=pytest.mark.slow) for m in ("fused", "compiled")],
 )
 def test_attention_matches_sdpa(mode, variant):
     q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
