@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from .. import dtypes
+from .. import tensor as payload
 
 _TENSOR, _OPT_TENSOR, _TENSORS, _STATIC = "Tensor", "Tensor?", "Tensor[]", "static"
 
@@ -404,42 +405,33 @@ class _Definition:
         return tpu_kernel
 
 
-def donated(t: torch.Tensor, op: str) -> None:
-    """Leave t's storage unusable (donate_argnums): every later use raises, naming op."""
-    from .. import tensor as payload
+class DonatedStorage(payload.Storage):
+    """The payload of a storage donated to a jax_op: no value, a clear error on use."""
 
+    __slots__ = ("op",)
+
+    def _fail(self):
+        raise RuntimeError(
+            f"this tpu tensor's storage was donated to {self.op} (donate_argnums) and can "
+            "no longer be used; keep a clone if you need the value, or do not donate it"
+        )
+
+    def array(self, reason: str = "value needed"):
+        self._fail()
+
+    def current(self):
+        self._fail()
+
+
+def donated(t: torch.Tensor, op: str) -> None:
+    """Leave t's storage unusable (donate_argnums): every later use raises, naming op.
+    Dropping our reference to its array frees it once the op's executable is done."""
     storage = t.untyped_storage()
     old = payload.storage_of(t)
-    dead = _DonatedStorage(None, old.numel, old.dtype)
+    dead = DonatedStorage(None, old.numel, old.dtype)
     dead.op = op
     storage._tpu = dead
     payload._BY_ADDRESS[storage.data_ptr()] = dead
-
-
-def _make_donated_storage():
-    from ..tensor import Storage
-
-    class DonatedStorage(Storage):
-        """The payload of a storage donated to a jax_op: no value, a clear error."""
-
-        __slots__ = ("op",)
-
-        def _fail(self):
-            raise RuntimeError(
-                f"this tpu tensor's storage was donated to {self.op} (donate_argnums) and can "
-                "no longer be used; keep a clone if you need the value, or do not donate it"
-            )
-
-        def array(self, reason: str = "value needed"):
-            self._fail()
-
-        def current(self):
-            self._fail()
-
-    return DonatedStorage
-
-
-_DonatedStorage = _make_donated_storage()
 
 
 # ------------------------------------------------------------------ autograd
