@@ -10,10 +10,9 @@ A tpu storage holds one flat, immutable jax.Array. Aliasing rules:
   handed out keeps the old value (it is referenced by the caller, so it is
   never donated).
 - `from_jax(a)` wraps `a` (flattened: free for 1-D arrays, one on-device copy
-  otherwise) as a new tpu tensor; `a` stays valid and unchanged whatever torch
-  does to the tensor. A jax.Array that JAX later deletes (donated to a jitted
-  function) is still held by the tensor: JAX refuses to donate it while we
-  hold it... unless it was 1-D and shared: then JAX copies rather than deletes.
+  otherwise) as a new tpu tensor; `a` keeps its value whatever torch does to
+  the tensor. Donating a wrapped 1-D `a` to a jitted JAX function deletes it
+  under the tensor too: later uses then raise JAX's "Array has been deleted".
 - `t.__dlpack__()` exports a private on-device copy: a DLPack consumer may
   write into what it receives (torch.from_dlpack ignores the read-only flag),
   and tpu arrays are shared and immutable. Zero-copy sharing is `to_jax`.
