@@ -98,12 +98,21 @@ def _start() -> None:
 
     kernels.register_all()
     distributed.register()
+    from .interop.exchange import install_dlpack
+
+    install_dlpack()  # tpu tensors' __dlpack__: PyTorch's would pack a fake address
     _initialised = True
+
+
+_LAZY_INTEROP = {"jax_op": "jax_op", "to_jax": "exchange", "from_jax": "exchange"}
 
 
 def __getattr__(name: str):
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY_INTEROP:  # JAX interop (docs/kernels.md): imports JAX, so only when asked
+        init()
+        return getattr(importlib.import_module(f"{__name__}.interop.{_LAZY_INTEROP[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

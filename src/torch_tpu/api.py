@@ -63,7 +63,10 @@ __all__ = [
     "set_stream",
     "get_amp_supported_dtype",
     "is_bf16_supported",
-]  # and _TpuModule's properties: eager_mode, enable_cpu_fallback, check_nans, compiler
+    "to_jax",
+    "from_jax",
+]  # and _TpuModule's properties: eager_mode, enable_cpu_fallback, check_nans, compiler,
+#  pallas, ops
 
 _current_device = 0
 
@@ -258,6 +261,25 @@ def set_rng_state_all(new_states) -> None:
     rng.set_state(new_states[0])
 
 
+# ------------------------------------------------------------------ JAX interop
+
+
+def to_jax(t: torch.Tensor):
+    """The jax.Array behind tpu tensor t (no copy for a 1-D whole storage; docs/kernels.md)."""
+    _lazy_init()
+    from .interop import exchange
+
+    return exchange.to_jax(t)
+
+
+def from_jax(a) -> torch.Tensor:
+    """jax.Array a as a tpu tensor (no copy for a 1-D array; docs/kernels.md)."""
+    _lazy_init()
+    from .interop import exchange
+
+    return exchange.from_jax(a)
+
+
 class _TpuModule(types.ModuleType):
     """Module type giving torch.tpu its settable properties, its lazily imported
     `compiler` namespace, and a dir() that lists the public API."""
@@ -301,6 +323,22 @@ class _TpuModule(types.ModuleType):
         from .compile import options
 
         return options
+
+    @property
+    def pallas(self) -> types.ModuleType:
+        """`torch.tpu.pallas.jax_op`: JAX/Pallas kernels as custom ops (imports JAX)."""
+        _lazy_init()
+        from .interop import pallas
+
+        return pallas
+
+    @property
+    def ops(self) -> types.ModuleType:
+        """`torch.tpu.ops`: ragged_dot, optimization_barrier, attention (imports JAX)."""
+        _lazy_init()
+        from .interop import ops
+
+        return ops
 
     def __dir__(self) -> list[str]:
         properties = [name for name, v in vars(_TpuModule).items() if isinstance(v, property)]

@@ -48,8 +48,10 @@ def find_lowering(op) -> Lowering | None:
     """The op's own lowering, or for a functional variant that functionalization made
     of an in-place op (`uniform` of `uniform_`, `normal_functional` of `normal_`) the
     in-place op's lowering: it already returns the new value rather than writing it."""
-    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+    if not isinstance(op, torch._ops.OpOverload):
         return None
+    if op.namespace != "aten":  # a custom op (jax_op): registered under "namespace::op"
+        return LOWERINGS.get(op_name(op))
     lowering = LOWERINGS.get(op_name(op))
     if lowering is not None or op._schema.is_mutable:
         return lowering

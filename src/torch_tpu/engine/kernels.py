@@ -10,6 +10,7 @@ decomposition where one exists, else the CPU fallback.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -281,6 +282,24 @@ def _register_decompositions() -> None:
                 active.discard(_name)
 
         _impl(name, kernel, "decomposed")
+
+
+def register_custom(
+    lib: torch.library.Library,
+    op: torch._ops.OpOverload,
+    lowering: Lowering,
+    wrap: Callable[[Callable], Callable] | None = None,
+) -> None:
+    """The PrivateUse1 kernel of a custom op defined after start-up (a jax_op): the
+    executor runs its lowering exactly as it runs an aten op's. `lib` is the op's own
+    library (redefining the op replaces both); `wrap` adds the op's own checks."""
+
+    def kernel(*args, **kwargs):
+        return executor.run(spec, args, kwargs)
+
+    spec = executor.make_spec(parse(op), lowering)
+    lib.impl(op._schema.name.partition("::")[2], wrap(kernel) if wrap else kernel, "PrivateUse1")
+    KERNELS[lowering.name] = "lowered"
 
 
 def register_all() -> None:

@@ -48,7 +48,7 @@ class OpSchema:
 
     @property
     def name(self) -> str:
-        return f"aten::{self.op._schema.name.removeprefix('aten::')}.{self.op._overloadname}"
+        return f"{self.op._schema.name}.{self.op._overloadname}"  # "aten::add.Tensor"
 
     def bind(self, args: tuple, kwargs: dict) -> list:
         """All argument values in schema order, defaults filled in."""

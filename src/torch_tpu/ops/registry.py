@@ -61,13 +61,15 @@ def lower(
     skip_meta: bool = False,
     runtime_floats: tuple[str, ...] = (),
     check: Callable[[list], None] | None = None,
+    replace: bool = False,
 ) -> Callable[[Callable], Callable]:
-    """Register fn as the lowering of each named aten overload."""
+    """Register fn as the lowering of each named overload: an aten one, or
+    "namespace::op" for a custom op (a jax_op; `replace=True` when it is redefined)."""
 
     def register(fn: Callable) -> Callable:
         for name in names:
             key = canonical(name)
-            if key in LOWERINGS:
+            if key in LOWERINGS and not replace:
                 raise ValueError(f"aten::{key} is lowered twice")
             LOWERINGS[key] = Lowering(
                 key,
