@@ -197,7 +197,8 @@ def prompts_of(lengths, vocab: int, seed: int = 1) -> list[list[int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", choices=("compiled", "fused", "strict", "cpu"), default="compiled")
+    modes = ("compiled", "fused", "strict", "cpu")
+    parser.add_argument("--mode", choices=modes, default="compiled")
     parser.add_argument("--prompts", type=int, default=8, help="batch size")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--bucket-size", type=int, default=16)

@@ -215,10 +215,13 @@ class _Bucketed(_Specialising):
             value = inputs[k].meta.get("val")
             for size in getattr(value, "shape", ()):
                 fixed |= buckets._free(size)
+        marked = _marked_symbols(gm, example_inputs)
         self.places = {
             symbol: where
             for symbol, where in places.items()
-            if symbol not in fixed and any(d is not None for _, d in where)
+            if symbol not in fixed
+            and any(d is not None for _, d in where)
+            and (marked is None or symbol in marked)
         }
         symbols = frozenset(self.places)
         self.min_size = buckets.check_graph(aten, symbols, name)
@@ -267,6 +270,22 @@ class _Bucketed(_Specialising):
                         value = value.narrow(d, 0, max(0, int(expr.subs(subs))))
                 sliced.append(value)
         return type(out)(sliced) if isinstance(out, tuple) else sliced
+
+
+def _marked_symbols(gm: torch.fx.GraphModule, example_inputs) -> set | None:
+    """The symbols of the dims the caller marked (torch._dynamo.mark_dynamic), or None if
+    none is marked (dynamic=True, or automatic dynamic: the dims that changed)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    marked, any_marks = set(), False
+    for node, x in zip(placeholders, example_inputs):
+        dims = getattr(x, "_dynamo_dynamic_indices", None)
+        value = node.meta.get("example_value")
+        if not dims or not isinstance(value, torch.Tensor):
+            continue
+        any_marks = True
+        for d in dims:
+            marked |= buckets._free(value.shape[d])
+    return marked if any_marks else None
 
 
 def _symbolic_graph(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.Graph:

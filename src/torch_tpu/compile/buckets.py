@@ -11,12 +11,14 @@ Padding must not change the real part of any result. Before any compile,
 `check_graph` reads the graph AOTAutograd made with symbolic sizes and
 follows every dimension whose size involves a bucketed size ("padded
 dimension"). Row-wise work along it (elementwise ops, matmuls whose
-contraction is elsewhere, gathers, layer norm over other dimensions, causal
-attention) is safe; anything that mixes rows along it (a reduction, softmax
-or matmul over it, a non-causal attention over padded keys, `cat` along it,
-`x[:, -1]`, using the size as a value, a random op) raises `BucketingError`
-naming the op: a silent wrong answer is the one thing bucketing must never
-produce.
+contraction is elsewhere, gathers, norms and softmax over other dimensions,
+prefix sums) is safe; anything that mixes rows along it (a reduction, softmax
+or matmul over it, attention whose keys are the padded rows, `cat` along it,
+`x[:, -1]`, using the size as a value, a random op, an op the check does not
+know) raises `BucketingError` naming the op: a silent wrong answer is the one
+thing bucketing must never produce. Attention is decomposed before the check
+(SDPA has no lowering of its own), so a causal mask is not recognised: keys
+must come from a static-length axis, as with a preallocated KV cache.
 
 Inputs are padded by repeating their last real row ("edge" padding): pad rows
 then hold valid values (no division by zero, indices in range), and while
@@ -66,7 +68,9 @@ class BucketPolicy:
         for name in ("bucket_size", "num_dynamic_buckets"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"torch.compile option {name!r} must be an int >= 1, got {value!r}")
+                raise ValueError(
+                    f"torch.compile option {name!r} must be an int >= 1, got {value!r}"
+                )
         if self.dynamic_buckets is not None:
             sizes = self.dynamic_buckets
             if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
@@ -189,11 +193,6 @@ _CONTRACTIONS = {  # op -> (input index, dim) pairs contracted
 }  # fmt: skip
 _SCATTERS = {"index_put", "_unsafe_index_put", "index_copy", "scatter", "scatter_add",
              "scatter_reduce", "index_add", "index_fill", "masked_scatter"}  # fmt: skip
-_ATTENTION = {
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
-    "_scaled_dot_product_attention_math",
-}  # fmt: skip
 _NORMS = {"native_layer_norm": 1}  # op -> index of normalized_shape
 
 
@@ -207,7 +206,8 @@ def _reduced_dims(node: torch.fx.Node, rank: int) -> tuple[int, ...] | None:
     for k, argument in enumerate(schema.arguments):
         if argument.name != "dim":
             continue
-        value = node.args[k] if k < len(node.args) else node.kwargs.get("dim", argument.default_value)
+        default = argument.default_value
+        value = node.args[k] if k < len(node.args) else node.kwargs.get("dim", default)
         if value is None or value == []:
             return tuple(range(rank))
         dims = value if isinstance(value, (list, tuple)) else [value]
@@ -306,9 +306,6 @@ def check_graph(graph: torch.fx.Graph, symbols: frozenset, graph_name: str) -> d
             if any(_dims(x, symbols)[-count:]):
                 refuse(node, "normalizes over a padded dimension")
             copies[node] = all_copies
-            continue
-        if name in _ATTENTION:
-            copies[node] = _check_attention(node, symbols, refuse) and all_copies
             continue
         if name in ("cat", "stack"):
             tensors = node.args[0]
@@ -410,9 +407,14 @@ def _check_slicing(node, name, symbols, refuse, min_size, atoms) -> None:
     full_end = end is None or (isinstance(end, int) and end >= _INT_MAX) or (
         isinstance(end, torch.SymInt) and end.node.expr == getattr(size, "node", size).expr
     )
+    fixed_end = isinstance(end, int) and 0 <= end < _INT_MAX  # x[:, :k]: needs n >= k
     bad_start = start is not None and not (isinstance(start, int) and start >= 0)
-    if bad_start or not full_end or step != 1:
+    if bad_start or not (full_end or fixed_end) or step != 1:
         refuse(node, "slices a padded dimension relative to its end (the end would be the padding)")
+    if fixed_end and not full_end:
+        for symbol in _free(size):
+            if size.node.expr == symbol:
+                min_size[symbol] = max(min_size.get(symbol, 0), end)
 
 
 def _expr(size):
@@ -459,26 +461,6 @@ def _regroup(before: tuple, shape, symbols: frozenset) -> tuple | None:
     if pending:
         return None
     return tuple(out)
-
-
-def _check_attention(node, symbols, refuse) -> bool:
-    """SDPA: padded query rows are independent; padded keys are harmless only under a
-    causal mask with queries and keys the same positions. Returns whether pad rows stay
-    copies of the last real row."""
-    q, k = _val(node.args[0]), _val(node.args[1])
-    schema = node.target._schema
-    bound = {a.name: a.default_value for a in schema.arguments}
-    for a, v in zip(schema.arguments, node.args):
-        bound[a.name] = v
-    bound.update(node.kwargs)
-    key_padded = _dims(k, symbols)[-2]
-    if not key_padded:
-        return True
-    mask = bound.get("attn_mask")
-    if bound.get("is_causal") and mask is None and _expr(q.shape[-2]) == _expr(k.shape[-2]):
-        return False  # pad queries see more keys: real rows right, pad rows not copies
-    refuse(node, "attends over padded keys without a causal mask")
-    return False
 
 
 def _check_scatter(node, name, symbols, refuse, copies) -> None:
