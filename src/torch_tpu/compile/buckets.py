@@ -194,6 +194,7 @@ _CONTRACTIONS = {  # op -> (input index, dim) pairs contracted
 _SCATTERS = {"index_put", "_unsafe_index_put", "index_copy", "scatter", "scatter_add",
              "scatter_reduce", "index_add", "index_fill", "masked_scatter"}  # fmt: skip
 _NORMS = {"native_layer_norm": 1}  # op -> index of normalized_shape
+_ALL_BUT_DIM = {"renorm", "_weight_norm_interface"}  # reduce over every dim except `dim`
 
 
 def _name(target) -> str:
@@ -329,6 +330,8 @@ def check_graph(graph: torch.fx.Graph, symbols: frozenset, graph_name: str) -> d
             _check_scatter(node, name, symbols, refuse, copies)
             copies[node] = all_copies
             continue
+        if name in _ALL_BUT_DIM:
+            refuse(node, "reduces over the dimensions it is not given, a padded one among them")
         x = _val(node.args[0]) if node.args else None
         reduced = _reduced_dims(node, len(x.shape)) if isinstance(x, torch.Tensor) else None
         if reduced is not None and not target._schema.is_mutable and not _is_random(node):
