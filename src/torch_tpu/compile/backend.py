@@ -315,6 +315,8 @@ def tpu_or_inductor(gm: torch.fx.GraphModule, example_inputs, mode=None, options
     tpu tensors, Inductor (with the same mode and options) for everything else."""
     if uses_tpu(gm, example_inputs):
         return tpu(gm, example_inputs, options=options)
+    if options:  # bucket options are tpu's; Inductor would reject them as unknown configs
+        options = buckets.split_options(options)[1]
     return torch._TorchCompileInductorWrapper(mode, options, None)(gm, example_inputs)
 
 
