@@ -234,3 +234,17 @@ def test_without_bucket_options_every_length_compiles():
             torch.testing.assert_close(compiled(x.to("tpu")).cpu(), F.relu(x) * 2)
     assert metrics.snapshot()["compiles: graph"] == 3
     assert metrics.buckets() == {}
+
+
+def test_upload_of_a_new_length_compiles_nothing():
+    """`.to("tpu")` of a host tensor installs the uploaded array: prompts of a new length
+    must not compile a copy program (nor zeros) per shape on their way to the device."""
+    torch.zeros(2, 3, dtype=torch.long).to("tpu")  # the first upload may set things up
+    before = len(metrics.compiles())
+    for n in (5, 7, 11):
+        x = torch.arange(2 * n).reshape(2, n)
+        t = x.to("tpu")
+        assert torch.equal(t.cpu(), x)
+        assert torch.equal(torch.arange(n, dtype=torch.float64).to("tpu").cpu(), x[0, :n] * 1.0)
+    compiled = [e.name for e in metrics.compiles()[before:] if e.name != "read"]
+    assert compiled == []  # the checks' host reads compile per shape; the uploads nothing
