@@ -212,16 +212,20 @@ def main() -> None:
     with torch.no_grad(), torch.tpu.set_eager_mode(eager):
         for round_, base in enumerate((3, 20, 4, 21)):  # two buckets, each seen twice
             lengths = [base + (k * 5) % 11 for k in range(args.prompts)]
-            before = metrics.snapshot().get("compiles", 0)
+            before = metrics.snapshot()
             tokens, (prefill, decode) = generate(
                 step_fn, model, prompts_of(lengths, model.c.vocab, round_), args.new_tokens,
                 device, host_bucket,
             )  # fmt: skip
-            compiles = metrics.snapshot().get("compiles", 0) - before
+            after = metrics.snapshot()
+            compiles, loaded = (
+                after.get(k, 0) - before.get(k, 0) for k in ("compiles", "compile_cache_disk_hits")
+            )
             rate = tokens.shape[0] * (args.new_tokens - 1) / decode
             print(
                 f"lengths {min(lengths)}..{max(lengths)}: prefill {prefill * 1e3:.1f} ms, "
-                f"decode {rate:.0f} tok/s, compiles {compiles}, first row {tokens[0, :6].tolist()}"
+                f"decode {rate:.0f} tok/s, compiles {compiles} (+{loaded} from the disk "
+                f"cache), first row {tokens[0, :6].tolist()}"
             )
     if device == "tpu":
         print(metrics.report_text())
