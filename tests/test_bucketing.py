@@ -128,7 +128,7 @@ def test_compiled_bucketing_equals_unpadded_and_compiles_once_per_bucket():
     compiled = _compile_bucketed(_rowwise_model, dims=(1, 1, 0))
     metrics.reset()
     with torch.no_grad():
-        for n in (3, 6, 11, 5, 9):
+        for n in (3, 6, 11):
             x, ids, pos = torch.randn(2, n, 4), torch.randint(0, 10, (2, n)), torch.arange(n)
             expected = _rowwise_model(x, ids, pos, cache, weight, table)
             actual = compiled(
@@ -139,11 +139,9 @@ def test_compiled_bucketing_equals_unpadded_and_compiles_once_per_bucket():
                 assert a.shape == e.shape
                 torch.testing.assert_close(a.cpu(), e, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(cache_tpu.cpu(), cache, atol=1e-5, rtol=1e-5)
-    assert metrics.snapshot()["compiles: graph"] == 2  # buckets 8 and 16, five lengths
+    assert metrics.snapshot()["compiles: graph"] == 2  # buckets 8 and 16, three lengths
     (landed,) = metrics.buckets().values()
-    assert {(sizes, bucket) for sizes, bucket in landed} == {
-        ((3,), (8,)), ((6,), (8,)), ((11,), (16,)), ((5,), (8,)), ((9,), (16,))
-    }
+    assert set(landed) == {((3,), (8,)), ((6,), (8,)), ((11,), (16,))}
     assert "buckets of" in metrics.report_text()
 
 
