@@ -27,6 +27,8 @@ _last_signature: dict[tuple[str, str], list] = {}
 _recompiles: Counter = Counter()
 _changed_inputs: dict[tuple[str, str], Counter] = {}
 _warned: set = set()
+_shapes: dict[tuple[str, str], dict] = {}  # (kind, name) -> {input shapes: compiles}
+_buckets: dict[str, Counter] = {}  # graph -> Counter of (real sizes, bucket sizes)
 
 _RECOMPILED_KINDS = ("segment", "graph")  # code whose shapes should be stable
 
@@ -55,6 +57,9 @@ def record_compile(
     code = (kind, name)
     reason = None
     if signature is not None and kind in _RECOMPILED_KINDS:
+        shapes = tuple(tuple(entry[1]) for entry in signature)
+        seen = _shapes.setdefault(code, {})
+        seen[shapes] = seen.get(shapes, 0) + 1
         previous = _last_signature.get(code)
         _last_signature[code] = signature
         if previous is not None:
@@ -100,10 +105,30 @@ def _maybe_warn(code: tuple[str, str]) -> None:
     warnings.warn(
         f"torch_tpu: {kind} {name!r} was recompiled {_recompiles[code]} times; {culprit} "
         f"changed shape or dtype in {times} of them. Every new shape is a new XLA compile: "
-        "pad or bucket that input to a few fixed shapes (or mark it dynamic).",
+        "pad or bucket that input to a few fixed shapes: under torch.compile, mark the "
+        "dimension dynamic (torch._dynamo.mark_dynamic or dynamic=True) and pass "
+        "options={'bucket_size': N} or {'num_dynamic_buckets': K}; in eager, pad with "
+        "torch_tpu.bucketing.pad_to_bucket (docs/serving.md).",
         RuntimeWarning,
         stacklevel=4,
     )
+
+
+def record_bucket(graph: str, sizes: tuple[int, ...], bucket: tuple[int, ...]) -> None:
+    """A call of a bucketed graph: its real dynamic sizes and the bucket they ran at."""
+    _counts["bucketed_calls"] += 1
+    _buckets.setdefault(graph, Counter())[(sizes, bucket)] += 1
+
+
+def shapes() -> dict[tuple[str, str], dict]:
+    """(kind, name) of each compiled graph or fused segment -> {its input shapes:
+    number of compiles at them}: the shapes each program was compiled for."""
+    return {code: dict(seen) for code, seen in _shapes.items()}
+
+
+def buckets() -> dict[str, dict]:
+    """Bucketed graph -> {(real dynamic sizes, bucket sizes): calls}: where each size landed."""
+    return {graph: dict(landed) for graph, landed in _buckets.items()}
 
 
 def compiles() -> list[CompileEvent]:
@@ -142,6 +167,8 @@ def reset() -> None:
     _recompiles.clear()
     _changed_inputs.clear()
     _warned.clear()
+    _shapes.clear()
+    _buckets.clear()
     _compile_seconds = 0.0
 
 
@@ -166,4 +193,8 @@ def report_text() -> str:
         lines.append("recompiles (most recent last):")
         for e in recompiled[-20:]:
             lines.append(f"  {e.kind} {e.name} ({e.seconds * 1e3:.1f} ms): {e.reason}")
+    for graph, landed in _buckets.items():
+        lines.append(f"buckets of {graph} (real sizes -> bucket: calls):")
+        for (sizes, bucket), n in sorted(landed.items()):
+            lines.append(f"  {sizes} -> {bucket}: {n}")
     return "\n".join(lines)

@@ -26,7 +26,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .. import metrics
-from . import interpret, split
+from . import buckets, interpret, split
 from .runtime import CompiledGraph
 
 DEVICE_TYPE = "tpu"
@@ -111,7 +111,10 @@ def tpu(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, optio
         return gm.forward
     name = graph_name(gm)
     input_names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    policy, options = buckets.split_options(options)
     if _is_dynamic(example_inputs):
+        if policy is not None:
+            return _Bucketed(gm, example_inputs, name, input_names, options, policy)
         return _Specialising(gm, name, input_names, options)
     return _aot(name, input_names, options)(gm, example_inputs)
 
@@ -183,6 +186,127 @@ class _Specialising:
         return fn(*args)
 
 
+class _Bucketed(_Specialising):
+    """A dynamic graph under a bucket policy (torch.compile's `bucket_size`,
+    `num_dynamic_buckets`, `dynamic_buckets`): each varying size is padded up to its
+    bucket, the graph is specialised at the bucket's shape, and the results are sliced
+    back, so the number of programs is the number of buckets used. `buckets.check_graph`
+    first proves, on the graph AOTAutograd makes with symbolic sizes, that padding leaves
+    every real result unchanged, or raises naming the op that would mix padding in.
+    Sizes that enter only with an input the graph mutates stay exact (the write must
+    land in the caller's tensor, not a padded copy)."""
+
+    def __init__(self, gm, example_inputs, name, input_names, options, policy) -> None:
+        super().__init__(gm, name, input_names, options)
+        self.policy = policy
+        if torch.is_grad_enabled() and any(
+            isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+        ):
+            raise buckets.BucketingError(
+                f"torch_tpu: graph {name!r} needs gradients, and bucketing pads only "
+                "inference graphs (a parameter's gradient sums over the padded rows). "
+                "Run it under torch.no_grad() or drop the bucket options."
+            )
+        aten = _symbolic_graph(gm, example_inputs)
+        places = buckets.dynamic_symbols(gm)
+        fixed = set()
+        inputs = interpret.input_nodes(aten)
+        for k, _ in interpret.input_writes(aten):
+            value = inputs[k].meta.get("val")
+            for size in getattr(value, "shape", ()):
+                fixed |= buckets._free(size)
+        marked = _marked_symbols(gm, example_inputs)
+        self.places = {
+            symbol: where
+            for symbol, where in places.items()
+            if symbol not in fixed
+            and any(d is not None for _, d in where)
+            and (marked is None or symbol in marked)
+        }
+        symbols = frozenset(self.places)
+        self.min_size = buckets.check_graph(aten, symbols, name)
+        self.outputs = buckets.output_sizes(gm, symbols)
+
+    def __call__(self, *args):
+        real = {}
+        for symbol, where in self.places.items():
+            k, d = next((k, d) for k, d in where if d is not None)
+            real[symbol] = args[k].shape[d]
+        if not real or min(real.values()) == 0:  # nothing to pad, or no edge to repeat
+            return super().__call__(*args)
+        for symbol, needed in self.min_size.items():
+            if real[symbol] < needed:
+                raise IndexError(
+                    f"index {needed - 1} is out of bounds for a dynamic dimension of size "
+                    f"{real[symbol]} (graph {self.name!r})"
+                )
+        bucket = {symbol: self.policy.bucket(n) for symbol, n in real.items()}
+        metrics.record_bucket(self.name, tuple(real.values()), tuple(bucket.values()))
+        pads: dict = {}
+        for symbol, where in self.places.items():
+            for k, d in where:
+                pads.setdefault(k, {})
+                if d is not None:
+                    pads[k][d] = bucket[symbol]
+        from ..bucketing import pad_to_size
+
+        padded = list(args)
+        for k, sizes in pads.items():
+            if isinstance(padded[k], torch.Tensor):
+                padded[k] = pad_to_size(padded[k], sizes)
+            else:
+                padded[k] = next(bucket[s] for s, w in self.places.items() if (k, None) in w)
+        out = super().__call__(*padded)
+        subs = dict(real)
+        sliced = []
+        for value, plan in zip(out, self.outputs):
+            if plan is None:
+                sliced.append(value)
+            elif plan[0] == "int":
+                sliced.append(int(plan[1].subs(subs)))
+            else:
+                for d, expr in enumerate(plan[1]):
+                    if expr is not None:
+                        value = value.narrow(d, 0, max(0, int(expr.subs(subs))))
+                sliced.append(value)
+        return type(out)(sliced) if isinstance(out, tuple) else sliced
+
+
+def _marked_symbols(gm: torch.fx.GraphModule, example_inputs) -> set | None:
+    """The symbols of the dims the caller marked (torch._dynamo.mark_dynamic), or None if
+    none is marked (dynamic=True, or automatic dynamic: the dims that changed)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    marked, any_marks = set(), False
+    for node, x in zip(placeholders, example_inputs):
+        dims = getattr(x, "_dynamo_dynamic_indices", None)
+        value = node.meta.get("example_value")
+        if not dims or not isinstance(value, torch.Tensor):
+            continue
+        any_marks = True
+        for d in dims:
+            marked |= buckets._free(value.shape[d])
+    return marked if any_marks else None
+
+
+def _symbolic_graph(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.Graph:
+    """The ATen graph AOTAutograd makes of a dynamic Dynamo graph with symbolic sizes
+    (inside the backend call Dynamo's fake mode is current): what bucketing checks."""
+    captured = []
+
+    def capture(graph_module, inputs):
+        captured.append(graph_module.graph)
+        return graph_module.forward
+
+    copy = torch.fx.GraphModule(gm, gm.graph)  # AOTAutograd may edit it
+    aot_autograd(
+        fw_compiler=capture,
+        inference_compiler=capture,
+        decompositions=decompositions(),
+        keep_inference_input_mutations=True,
+    )(copy, example_inputs)
+    return captured[0]
+
+
 # ----------------------------------------------------------------- routing
 
 
@@ -191,6 +315,8 @@ def tpu_or_inductor(gm: torch.fx.GraphModule, example_inputs, mode=None, options
     tpu tensors, Inductor (with the same mode and options) for everything else."""
     if uses_tpu(gm, example_inputs):
         return tpu(gm, example_inputs, options=options)
+    if options:  # bucket options are tpu's; Inductor would reject them as unknown configs
+        options = buckets.split_options(options)[1]
     return torch._TorchCompileInductorWrapper(mode, options, None)(gm, example_inputs)
 
 

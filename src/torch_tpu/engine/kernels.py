@@ -16,7 +16,7 @@ import torch
 
 from .. import dtypes
 from ..ops.registry import LOWERINGS, Lowering
-from ..tensor import new_tensor, replace_storage
+from ..tensor import new_tensor, replace_storage, storage_of
 from . import executor, fallback
 from .schema import parse
 
@@ -174,11 +174,29 @@ def _copy(self, src, non_blocking=False):
     if self.device.type == executor.DEVICE_TYPE:
         if src.device.type != executor.DEVICE_TYPE:
             src = executor.upload(src.to(self.dtype) if src.dtype != self.dtype else src)
+            if _fills_fresh_storage(self, src):  # .to("tpu"): no program per shape
+                storage_of(self).value = storage_of(src).value
+                return self
         return executor.run(_COPY, (self, src, non_blocking), {})
     # tpu -> host
     host = dtypes.cpu_from_numpy(executor.download(src, "copy to host"), src.dtype)
     self.copy_(host)
     return self
+
+
+def _fills_fresh_storage(self, src) -> bool:
+    """self is the whole of a never-written contiguous storage of src's shape (the empty
+    tensor `.to("tpu")` makes): the uploaded array can become its value as it is. A copy_
+    program there would compile once per shape (and materialise zeros per size), which
+    made every new prompt length a compile."""
+    storage = storage_of(self)
+    return (
+        storage.value is None
+        and self.shape == src.shape
+        and self.is_contiguous()
+        and self.storage_offset() == 0
+        and storage.numel == self.numel()
+    )
 
 
 def _copy_from(self, dst, non_blocking=False):
