@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import hmac
 import importlib.metadata
+import math
 import os
 import struct
 import tempfile
@@ -173,11 +174,9 @@ def compile(
     as (name, shape, dtype) so that a recompile can say which one changed. options are
     XLA compiler options for this executable, on top of any `compiler_options` block.
     """
-    options = {**_options, **(options or {})}
-    lowered = jax.jit(fn).lower(*example_args)
-    # the argument avals and result tree too: the HLO omits unused arguments, and equal
-    # HLO may take its arguments in another structure
-    key = _key(f"{lowered.in_avals}\n{lowered.out_tree}\n{lowered.as_text()}", options)
+    lowered = _lower(_trace(fn, example_args))
+    options = {**_default_options(kind, lowered), **_options, **(options or {})}
+    key = _key(_program_text(lowered), options)
     executable = _memory.get(key)
     if executable is not None:
         _stats["memory_hits"] += 1
@@ -185,19 +184,59 @@ def compile(
     executable = _load(key, lowered)
     if executable is None:
         start = time.perf_counter()
-        try:
-            compiled = lowered.compile(compiler_options=options or None)
-        except Exception as e:
-            if options:
-                raise RuntimeError(
-                    f"XLA could not compile {kind} {name!r} with compiler options {options}: {e}"
-                ) from e
-            raise
+        executable = _xla_compile(lowered, options, kind, name)
         metrics.record_compile(time.perf_counter() - start, kind, name, signature)
-        _store(key, compiled)
-        executable = compiled
+        _store(key, executable)
     _memory[key] = executable
     return executable
+
+
+# XLA:CPU compiles a small program about a third faster with its older fusion emitters
+# (LLVM IR emitted directly; the default MLIR emitters set up an MLIR context per
+# fusion), and their results are bit-identical (tests/test_first_call.py checks a set
+# of ops both ways). Their code runs slower on big arrays, so only per-op programs
+# whose arrays are all small use them; a strict op's first call at a new shape is
+# mostly compile time.
+_SMALL_PROGRAM_ELEMENTS = 1 << 12
+_SMALL_PROGRAM_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+def _default_options(kind: str, lowered) -> dict:
+    if kind != "op" or platform.platform() != "cpu":
+        return {}
+    avals = jax.tree.leaves(lowered.in_avals) + jax.tree.leaves(lowered.out_info)
+    if any(math.prod(a.shape) > _SMALL_PROGRAM_ELEMENTS for a in avals):
+        return {}
+    return _SMALL_PROGRAM_OPTIONS
+
+
+# The phases of a compile, as functions of their own so that
+# benchmarks/bench_first_call.py can time each one.
+
+
+def _trace(fn: Callable, example_args: tuple):
+    return jax.jit(fn).trace(*example_args)
+
+
+def _lower(traced):
+    return traced.lower()
+
+
+def _program_text(lowered) -> str:
+    # the argument avals and result tree too: the HLO omits unused arguments, and equal
+    # HLO may take its arguments in another structure
+    return f"{lowered.in_avals}\n{lowered.out_tree}\n{lowered.as_text()}"
+
+
+def _xla_compile(lowered, options: dict, kind: str, name: str):
+    try:
+        return lowered.compile(compiler_options=options or None)
+    except Exception as e:
+        if options:
+            raise RuntimeError(
+                f"XLA could not compile {kind} {name!r} with compiler options {options}: {e}"
+            ) from e
+        raise
 
 
 def _key(text: str, options: dict) -> str:
