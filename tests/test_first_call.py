@@ -1,7 +1,8 @@
 """Cheaper first calls: what a new shape costs must change nothing a user can see.
 
-- Small per-op programs compile with XLA:CPU's LLVM fusion emitters (faster to
-  compile); their results must be bit-identical to XLA's default emitters.
+- Small per-op programs of exactly rounded arithmetic and data movement compile
+  with XLA:CPU's LLVM fusion emitters (faster to compile); their results must be
+  bit-identical to XLA's default emitters, and nothing else may use them.
 - Reading back a tensor that spans its whole storage needs no read program; the
   values, dtype and shape must equal CPU's, and other views still compile one.
 """
@@ -26,6 +27,14 @@ def _ops():
     return {
         "add": lambda a, b: a + b * 0.5,
         "div": lambda a, b: a / (b.abs() + 0.1),
+        "addcdiv": lambda a, b: torch.addcdiv(a, b, b.abs() + 1, value=0.3),
+        "lerp": lambda a, b: torch.lerp(a, b, 0.1),
+        "sqrt": lambda a, b: torch.sqrt(a.abs()),
+        "clamp where": lambda a, b: torch.where(a > 0, a.clamp(max=0.5), b),
+        "int": lambda a, b: (a * 100).long() // 7 + 3,
+        "transpose": lambda a, b: a.t().contiguous() - 1,
+        "tan": lambda a, b: torch.tan(a),
+        "atan": lambda a, b: torch.atan(a.double()),
         "exp": lambda a, b: torch.exp(a),
         "tanh": lambda a, b: torch.tanh(a),
         "gelu": lambda a, b: F.gelu(a),
@@ -52,25 +61,26 @@ def test_small_programs_give_xla_default_results_bit_for_bit():
         assert torch.equal(fast[name], reference[name]), name
 
 
-def test_fast_compile_options_only_for_small_per_op_programs(monkeypatch):
-    seen = []
+def test_fast_compile_options_only_for_small_exact_per_op_programs(monkeypatch):
+    seen = {}
     compile_ = cache._xla_compile
 
     def spy(lowered, options, kind, name):
-        if name == "aten::sigmoid.default":
-            storage = jax.tree.leaves(lowered.in_avals)[0]
-            seen.append((tuple(storage.shape), dict(options)))
+        inputs = jax.tree.leaves(lowered.in_avals)
+        if inputs:
+            seen[(name, tuple(inputs[0].shape))] = dict(options)
         return compile_(lowered, options, kind, name)
 
     monkeypatch.setattr(cache, "_xla_compile", spy)
     small = torch.randn(11, 13).to("tpu")
     big = torch.randn(129, 131).to("tpu")  # above the small-program size
-    torch.sigmoid(small)
-    torch.sigmoid(big)
+    for t in (small, big):
+        torch.sub(t, 3)
+        torch.tan(t)
     torch.tpu.synchronize()
-    options = dict(seen)
-    assert options[(11 * 13,)] == cache._SMALL_PROGRAM_OPTIONS
-    assert options[(129 * 131,)] == {}
+    assert seen[("aten::sub.Tensor", (11 * 13,))] == cache._SMALL_PROGRAM_OPTIONS
+    assert seen[("aten::sub.Tensor", (129 * 131,))] == {}
+    assert seen[("aten::tan.default", (11 * 13,))] == {}  # the emitters' tan differ
 
 
 @pytest.fixture
