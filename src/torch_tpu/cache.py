@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import hmac
 import importlib.metadata
+import math
 import os
 import struct
 import tempfile
@@ -45,6 +46,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 from jax.experimental import serialize_executable
 
 from . import cache_trust, env, metrics, platform
@@ -173,11 +175,10 @@ def compile(
     as (name, shape, dtype) so that a recompile can say which one changed. options are
     XLA compiler options for this executable, on top of any `compiler_options` block.
     """
-    options = {**_options, **(options or {})}
-    lowered = jax.jit(fn).lower(*example_args)
-    # the argument avals and result tree too: the HLO omits unused arguments, and equal
-    # HLO may take its arguments in another structure
-    key = _key(f"{lowered.in_avals}\n{lowered.out_tree}\n{lowered.as_text()}", options)
+    traced = _trace(fn, example_args)
+    lowered = _lower(traced)
+    options = {**_default_options(kind, traced), **_options, **(options or {})}
+    key = _key(_program_text(lowered), options)
     executable = _memory.get(key)
     if executable is not None:
         _stats["memory_hits"] += 1
@@ -185,19 +186,87 @@ def compile(
     executable = _load(key, lowered)
     if executable is None:
         start = time.perf_counter()
-        try:
-            compiled = lowered.compile(compiler_options=options or None)
-        except Exception as e:
-            if options:
-                raise RuntimeError(
-                    f"XLA could not compile {kind} {name!r} with compiler options {options}: {e}"
-                ) from e
-            raise
+        executable = _xla_compile(lowered, options, kind, name)
         metrics.record_compile(time.perf_counter() - start, kind, name, signature)
-        _store(key, compiled)
-        executable = compiled
+        _store(key, executable)
     _memory[key] = executable
     return executable
+
+
+# XLA:CPU compiles a small program about a third faster with its older fusion emitters
+# (LLVM IR emitted directly; the default MLIR emitters set up an MLIR context per
+# fusion). The two emitters' approximations of transcendental functions differ (tan,
+# atan, erfc, cbrt, float16 log, ...), and reductions may be ordered differently, so
+# only programs made of exactly rounded elementwise arithmetic and data movement use
+# them: their results are the same bits either way (tests/test_first_call.py). Their
+# code runs slower on big arrays, so only small per-op programs qualify; a strict op's
+# first call at a new shape is mostly compile time.
+_SMALL_PROGRAM_ELEMENTS = 1 << 12
+_SMALL_PROGRAM_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+_EXACT_PRIMITIVES = frozenset(
+    """add sub mul div neg abs max min sign floor ceil round sqrt clamp select_n
+    eq ne lt le gt ge and or not xor shift_left shift_right_logical shift_right_arithmetic
+    convert_element_type bitcast_convert_type reshape transpose broadcast_in_dim squeeze
+    expand_dims slice dynamic_slice dynamic_update_slice concatenate pad iota copy copy_p
+    gather scatter rev pjit jit closed_call custom_jvp_call custom_vjp_call
+    random_bits random_wrap random_unwrap random_seed random_fold_in threefry2x32""".split()
+)
+
+
+def _default_options(kind: str, traced) -> dict:
+    if kind != "op" or platform.platform() != "cpu":
+        return {}
+    jaxpr = traced.jaxpr
+    avals = list(jaxpr.in_avals) + list(jaxpr.out_avals)
+    if any(math.prod(getattr(a, "shape", ())) > _SMALL_PROGRAM_ELEMENTS for a in avals):
+        return {}
+    if any(jnp.issubdtype(getattr(a, "dtype", jnp.float32), jnp.complexfloating) for a in avals):
+        return {}  # (complex products may be contracted differently)
+    if not _only_exact(jaxpr.jaxpr):
+        return {}
+    return _SMALL_PROGRAM_OPTIONS
+
+
+def _only_exact(jaxpr) -> bool:
+    """Whether every primitive of the jaxpr (and of the jaxprs it calls) is exact."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name not in _EXACT_PRIMITIVES:
+            return False
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns") and not _only_exact(inner):
+                    return False
+    return True
+
+
+# The phases of a compile, as functions of their own so that
+# benchmarks/bench_first_call.py can time each one.
+
+
+def _trace(fn: Callable, example_args: tuple):
+    return jax.jit(fn).trace(*example_args)
+
+
+def _lower(traced):
+    return traced.lower()
+
+
+def _program_text(lowered) -> str:
+    # the argument avals and result tree too: the HLO omits unused arguments, and equal
+    # HLO may take its arguments in another structure
+    return f"{lowered.in_avals}\n{lowered.out_tree}\n{lowered.as_text()}"
+
+
+def _xla_compile(lowered, options: dict, kind: str, name: str):
+    try:
+        return lowered.compile(compiler_options=options or None)
+    except Exception as e:
+        if options:
+            raise RuntimeError(
+                f"XLA could not compile {kind} {name!r} with compiler options {options}: {e}"
+            ) from e
+        raise
 
 
 def _key(text: str, options: dict) -> str:

@@ -12,6 +12,7 @@ import math
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -114,6 +115,27 @@ def read(flat, view: View):
     block = jnp.transpose(block, [order.index(d) for d in kept])
     squeezed = [view.shape[d] if d in kept else 1 for d in range(len(view.shape))]
     return jnp.broadcast_to(block.reshape(squeezed), view.shape)
+
+
+def spans_storage(view: View) -> bool:
+    """True when the view holds every element of its storage exactly once, in the
+    storage's dtype (a contiguous or permuted tensor over its whole storage): the
+    host can then read it from the flat array by itself, no program needed."""
+    return (
+        view.offset == 0
+        and view.dtype == view.storage_dtype
+        and math.prod(view.shape) == view.storage_numel
+        and (view.storage_numel <= 1 or is_dense(view.shape, view.strides))
+    )
+
+
+def host_read(flat: np.ndarray, view: View) -> np.ndarray:
+    """A view for which `spans_storage` holds, read from its storage's flat host copy:
+    a new C-contiguous array of view.shape (it never aliases the device buffer)."""
+    itemsize = flat.dtype.itemsize
+    strides = tuple(s * itemsize for s in view.strides)
+    seen = np.lib.stride_tricks.as_strided(flat, view.shape, strides, writeable=False)
+    return np.array(seen, order="C", copy=True)
 
 
 def write(flat, view: View, value):
