@@ -167,6 +167,7 @@ def compile(
     name: str,
     signature: list[tuple] | None = None,
     options: dict | None = None,
+    donate_argnums: tuple[int, ...] = (),
 ) -> Callable:
     """An executable for fn at the avals of example_args, from memory, disk or XLA.
 
@@ -174,8 +175,11 @@ def compile(
     is compiled, for metrics and recompile diagnostics; signature lists the inputs
     as (name, shape, dtype) so that a recompile can say which one changed. options are
     XLA compiler options for this executable, on top of any `compiler_options` block.
+    donate_argnums: arguments whose buffers the executable may reuse for its results
+    (they are deleted by each call; the lowered text records the aliasing, so the key
+    tells donating and plain executables apart).
     """
-    traced = _trace(fn, example_args)
+    traced = _trace(fn, example_args, donate_argnums)
     lowered = _lower(traced)
     options = {**_default_options(kind, traced), **_options, **(options or {})}
     key = _key(_program_text(lowered), options)
@@ -244,8 +248,8 @@ def _only_exact(jaxpr) -> bool:
 # benchmarks/bench_first_call.py can time each one.
 
 
-def _trace(fn: Callable, example_args: tuple):
-    return jax.jit(fn).trace(*example_args)
+def _trace(fn: Callable, example_args: tuple, donate_argnums: tuple[int, ...] = ()):
+    return jax.jit(fn, donate_argnums=donate_argnums).trace(*example_args)
 
 
 def _lower(traced):

@@ -19,7 +19,8 @@ from .engine import fuse
 from .strided import View, contiguous_strides, storage_span
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-_set_storage = torch.ops.aten.set_.source_Storage_storage_offset.redispatch
+# (the boxed handle itself: OpOverload.redispatch is a Python frame around it)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 _create_empty = torch._C._acc.create_empty_tensor
 _storage_at = torch._C._construct_storage_from_data_pointer
 DEVICE = torch.device("privateuseone", 0)
@@ -28,9 +29,44 @@ DEVICE = torch.device("privateuseone", 0)
 # PyTorch (DDP buckets, FSDP, AOTAutograd) see what they would on a real device.
 # Nothing ever dereferences them: every op on these tensors goes through us.
 _next_address = 1 << 44
-# PyTorch sometimes wraps a device pointer in a new storage object (from_blob,
-# e.g. when pickling a storage); the address still finds the payload.
-_BY_ADDRESS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+class _AddressTable:
+    """Address -> live payload. PyTorch sometimes wraps a device pointer in a new
+    storage object (from_blob, e.g. when pickling a storage); the address still finds
+    the payload. Plain weak references, pruned when the table doubles: every new
+    storage registers here, and a WeakValueDictionary entry costs a Python-level
+    KeyedRef per tensor an op returns."""
+
+    __slots__ = ("refs", "prune_at")
+
+    def __init__(self) -> None:
+        self.refs: dict[int, weakref.ref] = {}
+        self.prune_at = 1024
+
+    def __setitem__(self, address: int, payload: Storage) -> None:
+        refs = self.refs
+        refs[address] = weakref.ref(payload)
+        if len(refs) > self.prune_at:
+            self.refs = refs = {a: r for a, r in refs.items() if r() is not None}
+            self.prune_at = max(1024, 2 * len(refs))
+
+    def get(self, address: int) -> Storage | None:
+        ref = self.refs.get(address)
+        return None if ref is None else ref()
+
+    def __getitem__(self, address: int) -> Storage:
+        payload = self.get(address)
+        if payload is None:
+            raise KeyError(address)
+        return payload
+
+    def values(self) -> list[Storage]:
+        """The live payloads."""
+        return [p for p in (r() for r in self.refs.values()) if p is not None]
+
+
+_BY_ADDRESS = _AddressTable()
 
 
 def _attach_storage(t: torch.Tensor, shape, strides, dtype: torch.dtype, value, numel) -> None:
@@ -118,6 +154,38 @@ def _zeros(numel, dtype):
             _SHARED_ZEROS.clear()
         _SHARED_ZEROS[key] = value
     return value
+
+
+class Fresh:
+    """A fresh output's metadata, worked out once per executable: what `make` needs
+    to wrap each call's result array in a tensor."""
+
+    __slots__ = ("shape", "dtype", "strides", "numel", "nbytes", "jax_dtype")
+
+    def __init__(self, shape, dtype: torch.dtype, strides: tuple[int, ...] | None) -> None:
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        if strides is None:
+            self.strides = contiguous_strides(self.shape)
+            self.numel = math.prod(self.shape)
+        else:
+            self.strides = tuple(strides)
+            self.numel = storage_span(self.shape, self.strides, 0)
+        self.nbytes = self.numel * dtype.itemsize
+        self.jax_dtype = dtypes.to_jax(dtype)
+
+    def make(self, value) -> torch.Tensor:
+        """A new tensor with its own storage holding value (new_tensor, unrolled)."""
+        global _next_address
+        t = _create_empty(self.shape, self.dtype)
+        payload = Storage(value, self.numel, self.jax_dtype)
+        address = _next_address
+        storage = _storage_at(address, DEVICE, self.nbytes)
+        _next_address = address + (self.nbytes + 4095) // 4096 * 4096 + 4096
+        storage._tpu = payload
+        _BY_ADDRESS[address] = payload
+        _set_storage(_CPU_KEYS, t, storage, 0, self.shape, self.strides)
+        return t
 
 
 def new_tensor(

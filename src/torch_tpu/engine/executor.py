@@ -21,8 +21,8 @@ from torch._subclasses.fake_tensor import DataDependentOutputException
 from .. import cache, dtypes, metrics, rng, strided
 from ..ops.pointwise import convert, scalar_type_name
 from ..ops.registry import Lowering
-from ..tensor import new_tensor, replace_storage, storage_of, view_of
-from . import debug, fuse, modes
+from ..tensor import Fresh, new_tensor, replace_storage, storage_of, view_of
+from . import debug, donation, fastpath, fuse, modes
 from .schema import Kind, OpSchema
 
 DEVICE_TYPE = "tpu"
@@ -147,6 +147,7 @@ class _Executable:
 
 _CACHE: dict[tuple, _Executable] = {}
 _DEBUG = modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+_STRICT = modes.EagerMode.DEFER_NEVER
 cache.on_clear(_CACHE.clear)
 
 
@@ -159,6 +160,15 @@ def run(spec: OpSpec, args: tuple, kwargs: dict):
 
 def _run(spec: OpSpec, args: tuple, kwargs: dict):
     values = spec.schema.bind(args, kwargs)
+    fast = None
+    if modes.current is _STRICT:
+        fast = fastpath.signature(spec, values)
+        if fast is not None:
+            entry = fastpath.lookup(fast[0])
+            if entry is not None:  # a repeat call: no layout, key, meta kernel or check
+                metrics.count("ops_dispatched")
+                metrics.count("cache_hits")
+                return _execute(spec, entry, values, fast[1], fast[2])
     inputs = _Inputs()
     layout = _layout(spec, values, inputs)
     key = (spec, layout)
@@ -182,7 +192,10 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
         for index, shape in entry.resize.items():
             replace_storage(values[index], shape)
         return _run(spec, args, kwargs)
-    return _call(spec, entry, values, inputs)
+    result = _call(spec, entry, values, inputs)
+    if fast is not None:  # it ran: later calls that look the same take the fast path
+        fastpath.remember(fast[0], entry)
+    return result
 
 
 def _key_inputs(spec: OpSpec):
@@ -195,28 +208,73 @@ def _key_inputs(spec: OpSpec):
 
 
 def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
+    if modes.current is not modes.EagerMode.DEFER_AND_FUSE:
+        return _execute(spec, entry, values, inputs.storages, inputs.dynamic)
     # Python numbers go to the executable as they are (weakly typed, as jnp.asarray
     # would make them): cheaper than a device array per new value (an optimizer's
     # bias corrections change every step)
     dynamic = tuple(inputs.dynamic)
-    mode = modes.current
-    if mode is modes.EagerMode.DEFER_AND_FUSE:
-        current = [s.current() for s in inputs.storages]
-        if not entry.traced:
-            _trace_once(spec, entry, inputs.storages, dynamic)
-        fresh, written = fuse.record(entry, current, dynamic, _key_inputs(spec))
+    current = [s.current() for s in inputs.storages]
+    if not entry.traced:
+        _trace_once(spec, entry, inputs.storages, dynamic)
+    fresh, written = fuse.record(entry, current, dynamic, _key_inputs(spec))
+    return _results(spec, entry, values, inputs.storages, fresh, written)
+
+
+def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dynamic: list):
+    """Run the executable now (strict and debug modes); an in-place op donates the
+    buffers it overwrites when nothing else holds them (engine/donation.py)."""
+    arrays = tuple([s.array() for s in storages])
+    dynamic = fastpath.device_scalars(dynamic)
+    key_inputs = _key_inputs(spec)
+    written = entry.written_slots
+    if written and donation.possible(arrays, written) and not (
+        modes.check_nans and modes.current is _DEBUG
+    ):
+        fn = donation.executable(
+            entry, arrays, dynamic, key_inputs, lowering_errors(spec.schema.name)
+        )
+        metrics.count("buffers_donated", len(written))
     else:
-        arrays = tuple(s.array() for s in inputs.storages)
-        key_inputs = _key_inputs(spec)
         fn = entry.fn or _compile(spec, entry, arrays, dynamic, key_inputs)
-        if mode is modes.EagerMode.DEFER_NEVER:
-            fresh, written = fn(arrays, dynamic, key_inputs)
-        else:
-            fresh, written = debug.run_blocking(spec, values, fn, arrays, dynamic, key_inputs)
+    if modes.current is _STRICT:
+        fresh, written = fn(arrays, dynamic, key_inputs)
+    else:
+        fresh, written = debug.run_blocking(spec, values, fn, arrays, dynamic, key_inputs)
+    return _results(spec, entry, values, storages, fresh, written)
+
+
+def _results(spec: OpSpec, entry: _Executable, values: list, storages: list, fresh, written):
     for slot, value in zip(entry.written_slots, written):
-        inputs.storages[slot].value = value
-    tensors = [_wrap(meta, value) for meta, value in zip(entry.fresh, fresh)]
+        storages[slot].value = value
+    makers = _MAKERS.get(entry)
+    if makers is None:
+        makers = _MAKERS[entry] = tuple(_maker(meta) for meta in entry.fresh)
+    if len(makers) == 1 and type(makers[0]) is Fresh:
+        tensors = [makers[0].make(fresh[0])]
+    else:
+        tensors = [_made(maker, value) for maker, value in zip(makers, fresh)]
     return _returns(spec, values, tensors)
+
+
+_MAKERS: dict = {}  # _Executable -> per fresh output its Fresh (or list of them, or None)
+cache.on_clear(_MAKERS.clear)
+
+
+def _maker(meta):
+    if meta is ABSENT:
+        return None
+    if isinstance(meta, list):
+        return [_maker(m) for m in meta]
+    return Fresh(*meta)
+
+
+def _made(maker, value):
+    if maker is None:
+        return None
+    if isinstance(maker, list):
+        return [_made(m, v) for m, v in zip(maker, value)]
+    return maker.make(value)
 
 
 def _compile(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple, key_inputs: tuple):

@@ -1,0 +1,105 @@
+"""Strict-mode buffer donation: an in-place op reuses the buffer it overwrites.
+
+Without donation an in-place update (`add_`, an optimizer's foreach step, an
+`out=` write) allocates its result while the old array is still alive, so a
+training step holds two copies of every parameter and optimizer moment at
+its peak. When nothing but the written storage holds the old array, the op's
+executable takes it as a donated argument and XLA writes the result into it.
+
+Whether anything else holds it is read from the jax.Array object's reference
+count (`sys.getrefcount`). What that relies on:
+
+- Everything that may still need an old value holds the same Python object:
+  another Storage sharing it (`tensor.clone_storage`, hence deepcopy), a fused
+  segment's leaf list, the shared zeros table (`tensor._zeros`), an argument
+  tuple of this very call naming it twice (two storages, one array), a user
+  who took it out. Each adds a reference, and then nothing is donated.
+- No code keeps a second jax.Array over the same buffer beside a storage.
+  `jax.device_put(array, device)` and `array.addressable_data(0)` make such
+  aliases (donating one deletes the other); torch_tpu makes none that outlive
+  a statement, and code that hands storage arrays out (or takes user arrays
+  in) must hand out or keep the storage's own object.
+- PjRt orders a donation after the reads already dispatched on the buffer
+  (a `.cpu()` copy, a reader, an earlier op), and a buffer exported to numpy
+  (`np.asarray` on XLA:CPU shares memory) is copied instead of donated.
+
+Debug mode donates too, except with NaN checks on: a check that raises after
+the op ran must leave the tensor with its old value, as the plain path does.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from .. import cache
+
+# Holders of a storage's array at the check: the Storage, the call's argument tuple,
+# and getrefcount's own argument (tests/test_donation.py asserts donation happens)
+_SOLE_OWNER_REFS = 3
+
+_DONATING: dict = {}  # _Executable -> its executable with the written storages donated
+cache.on_clear(_DONATING.clear)
+
+
+def possible(arrays: tuple, written_slots: tuple) -> bool:
+    """True when each written storage's array is held by its storage alone."""
+    for slot in written_slots:
+        if sys.getrefcount(arrays[slot]) > _SOLE_OWNER_REFS:
+            return False
+    return True
+
+
+class _Donating:
+    """The entry's program with its written storages passed apart and donated; called
+    like the plain executable, (storage arrays, dynamic scalars, rng inputs)."""
+
+    __slots__ = ("fn", "written", "kept")
+
+    def __init__(self, fn, written: tuple, kept: tuple) -> None:
+        self.fn = fn
+        self.written = written
+        self.kept = kept
+
+    def __call__(self, arrays: tuple, dynamic: tuple, key_inputs: tuple):
+        donated = tuple([arrays[s] for s in self.written])
+        kept = tuple([arrays[s] for s in self.kept])
+        return self.fn(donated, kept, dynamic, key_inputs)
+
+
+def executable(entry, arrays: tuple, dynamic: tuple, key_inputs: tuple, lowering_errors):
+    """The entry's donating executable, compiled at its first use."""
+    found = _DONATING.get(entry)
+    if found is not None:
+        return found
+    written = entry.written_slots
+    kept = tuple(s for s in range(len(arrays)) if s not in written)
+    program = entry.program
+
+    def donating(donated, kept_arrays, dyn, keys):
+        storages = [None] * (len(donated) + len(kept_arrays))
+        for slot, array in zip(written, donated):
+            storages[slot] = array
+        for slot, array in zip(kept, kept_arrays):
+            storages[slot] = array
+        return program(tuple(storages), dyn, keys)
+
+    example = (
+        tuple(arrays[s] for s in written),
+        tuple(arrays[s] for s in kept),
+        dynamic,
+        key_inputs,
+    )
+    with lowering_errors, warnings.catch_warnings():
+        # a written storage no result can reuse (none here: results are storage-shaped)
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        fn = cache.compile(
+            donating,
+            example,
+            kind="op",
+            name=entry.name,
+            signature=entry.signature,
+            donate_argnums=(0,),
+        )
+    found = _DONATING[entry] = _Donating(fn, written, kept)
+    return found

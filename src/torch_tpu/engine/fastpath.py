@@ -1,0 +1,166 @@
+"""Strict mode's repeat calls: one dictionary lookup from how a call looks to what runs it.
+
+The general path (`executor._run`) describes every argument as a `View`,
+builds a nested cache key and, for a key it has not seen, runs PyTorch's meta
+kernel and the lowering's checks. A call that looks exactly like an earlier
+successful one -- same overload, argument kinds, shapes, strides, offsets,
+dtypes, storage sizes and dtypes, storage sharing between arguments, static
+values -- needs none of that: its signature, a flat tuple that is cheap to
+hash and compare, maps straight to the executable and its output metadata.
+Anything new (and any op whose checks depend on values, or that resizes an
+`out=` argument) takes the general path, so PyTorch's error checks run
+there exactly as before.
+
+Python numbers an op takes at run time (alpha, an optimizer's lr) are passed
+as device scalars once a value repeats: a host scalar costs the executable
+call a conversion each time, a cached device scalar nothing.
+"""
+
+from __future__ import annotations
+
+import jax
+import torch
+
+from .. import cache, platform
+from .schema import Kind
+
+_FAST: dict[tuple, object] = {}  # signature -> the general path's _Executable
+cache.on_clear(_FAST.clear)
+
+_TENSOR = Kind.TENSOR
+_OPT_TENSOR = Kind.OPT_TENSOR
+_TENSOR_LIST = Kind.TENSOR_LIST
+_SCALAR = Kind.SCALAR
+_SCALAR_LIST = Kind.SCALAR_LIST
+_STATIC = Kind.STATIC
+
+
+def signature(spec, values: list):
+    """(signature, storages, dynamic scalars) of a call, or None when the call holds
+    something only the general path handles (host tensors, numbers passed as
+    tensors, generators, optional tensor lists)."""
+    key = [spec]
+    storages: list = []
+    slots: dict = {}
+    dynamic: list = []
+    for kind, value in zip(spec.kinds, values):
+        if kind is _TENSOR or kind is _OPT_TENSOR:
+            if value is None:
+                key.append(None)
+            elif isinstance(value, torch.Tensor):
+                if not _tensor(value, key, storages, slots):
+                    return None
+            else:  # a Python number PyTorch wrapped as a tensor
+                return None
+        elif kind is _SCALAR:
+            if value is None:
+                key.append(None)
+            else:
+                key.append(type(value))
+                dynamic.append(value)
+        elif kind is _STATIC:
+            if isinstance(value, (list, torch.Generator)):
+                if type(value) is not list:
+                    return None
+                value = _frozen(value)
+                if value is None:
+                    return None
+            key.append(type(value))
+            key.append(value)
+        elif kind is _TENSOR_LIST:
+            key.append(len(value))
+            for t in value:
+                if not _tensor(t, key, storages, slots):
+                    return None
+        elif kind is _SCALAR_LIST:
+            key.append(len(value))
+            for v in value:
+                key.append(type(v))
+                dynamic.append(v)
+        else:  # index lists: CPU indices and None entries, the general path's job
+            return None
+    return tuple(key), storages, dynamic
+
+
+def _tensor(t: torch.Tensor, key: list, storages: list, slots: dict) -> bool:
+    try:
+        storage = t.untyped_storage()._tpu
+    except AttributeError:  # a CPU or meta tensor, or a storage PyTorch re-wrapped
+        return False
+    slot = slots.get(id(storage))
+    if slot is None:
+        slot = slots[id(storage)] = len(storages)
+        storages.append(storage)
+    key += (slot, t.shape, t.stride(), t.storage_offset(), t.dtype, storage.numel, storage.dtype)
+    return True
+
+
+def _frozen(value: list):
+    """A static list as a hashable tuple, or None when it holds what only the general
+    path judges (nested lists, tensors)."""
+    out = []
+    for v in value:
+        if isinstance(v, (list, torch.Tensor, torch.Generator)):
+            return None
+        out.append((type(v), v))
+    return tuple(out)
+
+
+def lookup(key: tuple):
+    return _FAST.get(key)
+
+
+def remember(key: tuple, entry) -> None:
+    """Route later calls with this signature straight to entry: only for entries whose
+    checks need no values and that resize no out= argument."""
+    if entry.resize or entry.recheck:
+        return
+    if len(_FAST) > 65536:  # (a program sweeping shapes: start over rather than grow)
+        _FAST.clear()
+    _FAST[key] = entry
+
+
+# ------------------------------------------------------------ device scalars
+
+_SCALARS: dict = {}  # (type, value) -> a device scalar, for values seen twice
+_SEEN: set = set()
+_CACHED_TYPES = (int, float, bool)
+_MAX_SCALARS = 4096
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def device_scalars(values: list) -> tuple:
+    """The run-time scalars as the executable takes them cheapest: a cached device
+    scalar for a value seen before (same dtype and weak type as the Python number),
+    else the number itself."""
+    out = []
+    for v in values:
+        t = type(v)
+        if t not in _CACHED_TYPES or (
+            # (0.0 == -0.0 and NaN != NaN: keyed by value, they would mix)
+            (t is float and (v == 0.0 or v != v)) or (t is int and not _I64_MIN <= v <= _I64_MAX)
+        ):
+            out.append(v)
+            continue
+        key = (t, v)
+        array = _SCALARS.get(key)
+        if array is None:
+            if key not in _SEEN:
+                if len(_SEEN) > _MAX_SCALARS:
+                    _SEEN.clear()
+                _SEEN.add(key)
+                out.append(v)
+                continue
+            if len(_SCALARS) > _MAX_SCALARS:
+                _SCALARS.clear()
+            array = _SCALARS[key] = jax.device_put(v, platform.device())
+        out.append(array)
+    return tuple(out)
+
+
+def _clear_scalars() -> None:
+    _SCALARS.clear()
+    _SEEN.clear()
+
+
+cache.on_clear(_clear_scalars)

@@ -1,0 +1,127 @@
+"""Strict mode's fast path for repeat calls (engine/fastpath.py): a call that looks
+like an earlier one skips the meta kernel and key building; anything new takes the
+general path, with PyTorch's checks. Strict mode only: it is the only mode using it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_tpu import metrics
+from torch_tpu.engine import fastpath
+
+
+def _hits(fn) -> int:
+    before = metrics.snapshot().get("cache_hits", 0)
+    fn()
+    return metrics.snapshot().get("cache_hits", 0) - before
+
+
+def test_repeat_calls_take_the_fast_path_and_stay_right():
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    (ta + tb).cpu()
+    key = fastpath.signature(_spec_of("add.Tensor"), [ta, tb, 1])
+    assert key is not None and fastpath.lookup(key[0]) is not None
+    for _ in range(3):
+        torch.testing.assert_close((ta + tb).cpu(), a + b)
+
+
+def _spec_of(name: str):
+    from torch_tpu.engine.executor import _CACHE
+
+    return next(spec for spec, _ in _CACHE if spec.schema.name == f"aten::{name}")
+
+
+def test_changed_strides_dtype_shape_offset_and_aliasing_still_right():
+    a, b = torch.randn(6, 6), torch.randn(6, 6)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    cases = [
+        lambda x, y: x + y,
+        lambda x, y: x.t() + y,  # strides
+        lambda x, y: x[1:] + y[:-1],  # offsets
+        lambda x, y: x[::2] + y[1::2],
+        lambda x, y: x.double() + y,  # dtype promotion
+        lambda x, y: x[:3] + y[:3],  # shape
+        lambda x, y: x + x,  # one storage twice
+        lambda x, y: x + y,
+        lambda x, y: x.view(torch.int32) + 1,  # a dtype view of the storage
+        lambda x, y: x + y.t(),
+    ]
+    for _ in range(2):  # second round: every signature seen before
+        for case in cases:
+            expected = case(a, b)
+            actual = case(ta, tb).cpu()
+            assert actual.dtype == expected.dtype
+            torch.testing.assert_close(actual, expected)
+
+
+def test_runtime_scalars_repeated_and_changing():
+    a, b = torch.randn(16), torch.randn(16)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    for alpha in (2, 2, 3, 2, -1, 3, True, 2.5, 2.5, -0.0, 0.0, -0.0, float("nan")):
+        expected = torch.add(a, b, alpha=alpha) if not isinstance(alpha, bool) else a + b
+        actual = (torch.add(ta, tb, alpha=alpha) if not isinstance(alpha, bool) else ta + tb).cpu()
+        torch.testing.assert_close(actual, expected, equal_nan=True)
+    for value in (-0.0, 0.0, -0.0, 1e300, 1e300, 2**62, 2**62):
+        x = torch.zeros(4, dtype=torch.float64)
+        torch.testing.assert_close((x.to("tpu") * value).cpu(), x * value, equal_nan=True)
+    # signed zeros are kept apart: 1 / (0 * -0.0) is -inf on CPU
+    for value in (0.0, -0.0, 0.0, -0.0):
+        one = torch.ones(2)
+        torch.testing.assert_close((1 / (one.to("tpu") * value)).cpu(), 1 / (one * value))
+
+
+def test_checks_still_run_for_anything_new():
+    a = torch.randn(4, 4).to("tpu")
+    b = torch.randn(4, 4).to("tpu")
+    for _ in range(3):
+        a + b  # warm: this signature takes the fast path now
+    for cpu_fn, tpu_fn in (
+        (lambda: torch.randn(4, 4) + torch.randn(3, 4), lambda: a + b[:3]),
+        (
+            lambda: torch.randn(4, 4).add_(torch.randn(4, 8)),
+            lambda: a.add_(torch.randn(4, 8).to("tpu")),
+        ),
+        (lambda: torch.mm(torch.randn(4, 4), torch.randn(3, 4)), lambda: torch.mm(a, b[:3])),
+    ):
+        with pytest.raises(RuntimeError) as cpu_error:
+            cpu_fn()
+        with pytest.raises(type(cpu_error.value)):
+            tpu_fn()
+    # a device mismatch is judged by the general path on every call
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="same device"):
+            a + torch.randn(4, 4)
+
+
+def test_value_dependent_checks_run_on_every_call():
+    """Indexing with host indices checks their bounds on every call, as on CPU."""
+    x = torch.randn(5, 3)
+    tx = x.to("tpu")
+    good = torch.tensor([0, 4])
+    for _ in range(2):
+        torch.testing.assert_close(tx[good].cpu(), x[good])
+    bad = torch.tensor([0, 5])
+    with pytest.raises(IndexError):
+        x[bad]
+    with pytest.raises(IndexError):
+        tx[bad]
+
+
+def test_out_resize_and_fast_path():
+    a = torch.randn(3, 3)
+    out = torch.empty(0).to("tpu")
+    for _ in range(3):
+        torch.add(a.to("tpu"), 1, out=out)
+    torch.testing.assert_close(out.cpu(), a + 1)
+    out2 = torch.empty(2).to("tpu")  # resized: the general path's job, every time
+    with pytest.warns(UserWarning):
+        torch.add(a.to("tpu"), 1, out=out2)
+    torch.testing.assert_close(out2.cpu(), a + 1)
+
+
+def test_fast_path_counts_cache_hits():
+    a = torch.randn(4).to("tpu")
+    (a * 2).cpu()
+    assert _hits(lambda: a * 2) == 1
