@@ -98,6 +98,7 @@ def _mesh4() -> None:
     import collective_checks
 
     init()
+    _local_device_checks()
     collective_checks.run_subgroups(check, RANK, WORLD)
 
 
@@ -152,6 +153,41 @@ def _late_init() -> None:
                 torch.testing.assert_close(
                     p_got, p_ref, rtol=1e-5, atol=1e-5, msg=lambda m, s=step: f"step {s}: {m}"
                 )
+
+
+def _local_device_checks() -> None:
+    """Each process sees several XLA:CPU devices (JAX_NUM_CPU_DEVICES); rank r must
+    compute on device LOCAL_RANK of its process, and collectives run between those."""
+    import jax
+
+    from torch_tpu import platform
+    from torch_tpu.distributed import mesh
+    from torch_tpu.distributed.tensors import flat_value
+
+    local = int(os.environ["LOCAL_RANK"])
+
+    @check("rank_computes_on_its_local_rank_device")
+    def _():
+        devices = jax.local_devices()
+        assert len(devices) == int(os.environ["JAX_NUM_CPU_DEVICES"]), devices
+        assert platform.device() == devices[local], (platform.device(), devices)
+        y = torch.arange(6.0, device="tpu") * (RANK + 1) + 1
+        with torch.tpu.set_eager_mode("fused"):
+            z = (y * 2).sum()
+        assert flat_value(y).devices() == {devices[local]}, flat_value(y).devices()
+        assert flat_value(z).devices() == {devices[local]}, flat_value(z).devices()
+        same(z, (torch.arange(6.0) * (RANK + 1) + 1).mul(2).sum())
+
+    @check("collectives_between_local_rank_devices")
+    def _():
+        chosen = [None] * WORLD
+        dist.all_gather_object(chosen, (platform.device().id, local))
+        mine = mesh.rank_devices()
+        assert [d.id for d in mine] == [c[0] for c in chosen], (mine, chosen)
+        x = tpu([1.0, 2.0]) * (RANK + 1)
+        dist.all_reduce(x)
+        same(x, torch.tensor([1.0, 2.0]) * sum(r + 1 for r in range(WORLD)))
+        assert flat_value(x).devices() == {platform.device()}
 
 
 def _dies() -> None:

@@ -34,11 +34,13 @@ from .. import platform
 from . import relocate
 
 _COORDINATOR_KEY = "tpu_dist/jax_coordinator"
+_DEVICE_KEY = "tpu_dist/device/{}"  # a rank's device id (local_device.py chose it)
 _NEVER = 30 * 24 * 3600  # seconds: heartbeats that never time out (see above)
 
 _lock = threading.Lock()
 _world: tuple[int, int] | None = None  # (rank, world size) once started
 _presence: socket.socket | None = None  # open while this process lives (coordinator.py)
+_store = None  # the default group's store: where ranks publish their devices
 
 
 def started() -> bool:
@@ -51,7 +53,7 @@ def rank() -> int:
 
 def start(store, rank: int, world_size: int, timeout: datetime.timedelta) -> None:
     """Make this process rank `rank` of a `world_size`-process JAX job (once per process)."""
-    global _world
+    global _world, _store
     with _lock:
         if _world is not None:
             if _world != (rank, world_size):
@@ -67,9 +69,18 @@ def start(store, rank: int, world_size: int, timeout: datetime.timedelta) -> Non
                 held = _stop_backend()
             _connect(store, rank, world_size, timeout)
         _world = (rank, world_size)
-    platform.devices()  # start the backend now: with the distributed client, if any
+        _store = store
+    # start the backend now (with the distributed client, if any) and say which device
+    store.set(_DEVICE_KEY.format(rank), str(platform.device().id))
     if held is not None:
         relocate.restore(held, platform.device())
+
+
+def device_ids(world_size: int) -> list[int]:
+    """Each global rank's device id, as the ranks published them at start()."""
+    keys = [_DEVICE_KEY.format(r) for r in range(world_size)]
+    _store.wait(keys)
+    return [int(_store.get(k)) for k in keys]
 
 
 def _stop_backend() -> relocate.Held:
