@@ -117,6 +117,8 @@ COLLECTIVES = [
     "send_recv",
     "barrier_and_objects",
     "mismatched_shapes_raise_then_group_works",
+    "large_collectives_beyond_the_envelope",
+    "mismatch_between_small_and_large_calls_raises",
     "mismatched_dtypes_raise",
     "wrong_device_raises",
     "functional_collectives",

@@ -203,6 +203,44 @@ def run(check, rank: int, world: int) -> None:
         dist.all_reduce(x)
         _same(x, sum(everyone))
 
+    @check("large_collectives_beyond_the_envelope")
+    def _():
+        from torch_tpu.distributed import programs
+
+        n = programs.SMALL_BYTES // 4 * 2 * world  # float32 elements: 2 envelopes per rank
+        big = [_data(r, (n,)) for r in range(world)]
+        x = big[rank].to("tpu")
+        dist.all_reduce(x)
+        _same(x, torch.stack(big).sum(0))
+        out = torch.empty(world * n, device="tpu")
+        dist.all_gather_into_tensor(out, big[rank].to("tpu"))
+        _same(out, torch.cat(big), rtol=0, atol=0)
+        part = torch.empty(n // world, device="tpu")
+        dist.reduce_scatter_tensor(part, big[rank].to("tpu"))
+        _same(part, torch.stack(big).sum(0).chunk(world)[rank])
+        b = big[rank].to("tpu")
+        dist.broadcast(b, world - 1)
+        _same(b, big[world - 1], rtol=0, atol=0)
+        a = torch.empty(n, device="tpu")
+        dist.all_to_all_single(a, big[rank].to("tpu"))
+        expected = torch.cat([big[r].chunk(world)[rank] for r in range(world)])
+        _same(a, expected, rtol=0, atol=0)
+
+    @check("mismatch_between_small_and_large_calls_raises")
+    def _():
+        from torch_tpu.distributed import programs
+
+        # a call inside the envelope against one beyond it, then two different large ones
+        for n in (4 if rank == 0 else programs.SMALL_BYTES, programs.SMALL_BYTES + rank):
+            try:
+                dist.all_reduce(torch.ones(n).to("tpu"))
+                raise AssertionError(f"mismatched sizes did not raise ({n} elements)")
+            except dist.DistBackendError as e:
+                assert "mismatched" in str(e), e
+        x = mine.to("tpu")
+        dist.all_reduce(x)
+        _same(x, sum(everyone))
+
     @check("mismatched_dtypes_raise")
     def _():
         dtype = torch.float32 if rank == 0 else torch.int32

@@ -7,11 +7,18 @@ program runs under `shard_map`, where a block sees the group as the named
 axis `mesh.AXIS`: `psum`, `all_gather`, `psum_scatter`, `all_to_all`,
 `ppermute` are XLA collectives (gloo on XLA:CPU, ICI on a TPU pod).
 
-Each program first all-gathers a 64-bit signature of the call (collective,
-arguments, shapes, dtypes) from every rank and runs the collective only if
-all agree (`lax.cond`, the same decision on every rank), so ranks that call
-mismatched collectives get an error instead of a hang or garbage, at the cost
-of one 8-byte all-gather inside the same program.
+Mismatched calls. Each program's first collective is an all-gather of a
+fixed-size envelope (`ENVELOPE_BYTES`, the same for every call, whatever its
+shape or dtype, so ranks that called different collectives still meet in it)
+carrying a 64-bit signature of the call (collective, arguments, shapes,
+dtypes). Ranks that disagree get an error instead of a hang or garbage.
+
+- A small call (payload up to `SMALL_BYTES`) carries its payload in the
+  envelope too: every rank then computes the collective's result from the
+  gathered rows (`ROW_BODIES`), one round trip in all (a small collective's
+  cost is its round trip, not its bytes).
+- A larger call runs its XLA collective after the envelope, under `lax.cond`
+  on the signatures' agreement (the same decision on every rank).
 """
 
 from __future__ import annotations
@@ -148,6 +155,94 @@ def permute(k: int, src: int, dst: int):
     return lambda x: (lax.ppermute(x, AXIS, [(src, dst)]),)
 
 
+# ------------------------------------------------------------------ small calls
+# A row body maps the gathered payloads (k, n) of every rank and this rank's index
+# to this rank's output blocks, computed locally in rank order (the same on every rank).
+
+SMALL_BYTES = 4096  # payloads up to this size travel inside the envelope
+ENVELOPE_BYTES = 8 + SMALL_BYTES
+
+
+def _reduce_rows(rows, op: str, k: int):
+    if rows.dtype == jnp.bool_:
+        return rows.any(0) if op in ("sum", "max", "bor", "bxor", "avg") else rows.all(0)
+    combine = {
+        "sum": jnp.add,
+        "avg": jnp.add,
+        "max": jnp.maximum,
+        "min": jnp.minimum,
+        "product": jnp.multiply,
+        "band": jnp.bitwise_and,
+        "bor": jnp.bitwise_or,
+        "bxor": jnp.bitwise_xor,
+    }[op]
+    total = functools.reduce(combine, [rows[i] for i in range(k)])
+    return _reduce_avg_scale(total, k) if op == "avg" else total
+
+
+def _pick(blocks, index):
+    """blocks[index] for a traced index (dim 0)."""
+    return lax.dynamic_index_in_dim(blocks, index, 0, keepdims=False)
+
+
+ROW_BODIES: dict[str, Callable] = {
+    "all_reduce": lambda k, op: lambda rows, me: (_reduce_rows(rows, op, k),),
+    "broadcast": lambda k, src: lambda rows, me: (rows[src],),
+    "all_gather": lambda k: lambda rows, me: (rows.reshape(-1),),
+    "reduce_scatter": lambda k, op: lambda rows, me: (
+        _pick(_reduce_rows(rows, op, k).reshape(k, -1), me),
+    ),
+    "all_to_all": lambda k: lambda rows, me: (
+        _pick(jnp.swapaxes(rows.reshape(k, k, -1), 0, 1), me).reshape(-1),
+    ),
+    "scatter": lambda k, src: lambda rows, me: (_pick(rows[src].reshape(k, -1), me),),
+    "permute": lambda k, src, dst: lambda rows, me: (
+        jnp.where(me == dst, rows[src], jnp.zeros_like(rows[src])),
+    ),
+}
+
+
+def _to_bytes(x):
+    """A flat array's bytes (uint8)."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint8)
+    return lax.bitcast_convert_type(x, jnp.uint8).reshape(-1)
+
+
+def _from_bytes(b, dtype, n: int):
+    """Rows of bytes (..., n * itemsize) as (..., n) values of dtype."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.bool_:
+        return b.astype(jnp.bool_)
+    if dtype.itemsize == 1:
+        return lax.bitcast_convert_type(b, dtype)
+    return lax.bitcast_convert_type(b.reshape(*b.shape[:-1], n, dtype.itemsize), dtype)
+
+
+def _exchange(signature, payload=None):
+    """The envelope all-gather: every rank's signature (k,), and the gathered payloads
+    (k, n) when this call carries one."""
+    data = _to_bytes(signature)
+    if payload is not None:
+        data = jnp.concatenate([data, _to_bytes(payload)])
+    envelope = jnp.pad(data, (0, ENVELOPE_BYTES - data.shape[0]))
+    rows = lax.all_gather(envelope, AXIS)  # (k, ENVELOPE_BYTES)
+    signatures = _from_bytes(rows[:, :8], jnp.int64, 1).reshape(-1)
+    if payload is None:
+        return signatures, None
+    n = payload.shape[0]
+    return signatures, _from_bytes(rows[:, 8 : 8 + n * payload.dtype.itemsize], payload.dtype, n)
+
+
+def is_small(blocks: list) -> bool:
+    """Whether a call travels inside the envelope (one real dtype payload that fits)."""
+    return (
+        len(blocks) == 1
+        and blocks[0].nbytes <= SMALL_BYTES
+        and not jnp.issubdtype(blocks[0].dtype, jnp.complexfloating)
+    )
+
+
 BODIES: dict[str, Callable] = {
     "all_reduce": all_reduce,
     "broadcast": broadcast,
@@ -162,20 +257,27 @@ BODIES: dict[str, Callable] = {
 
 
 @functools.cache
-def _program(kind: str, ranks: tuple[int, ...], params: tuple):
+def _program(kind: str, ranks: tuple[int, ...], params: tuple, small: bool):
     from jax import shard_map
     from jax.sharding import PartitionSpec
 
-    body = BODIES[kind](len(ranks), *params)
+    k = len(ranks)
+    body = BODIES[kind](k, *params)
+    row_body = ROW_BODIES[kind](k, *params)
 
     def guarded(signature, *blocks):
-        signatures = lax.all_gather(signature, AXIS, tiled=True)
-        agree = jnp.all(signatures == signatures[0])
         shapes = jax.eval_shape(body, *blocks)
 
         def skipped(*_):
             return tuple(jnp.zeros(s.shape, s.dtype) for s in shapes)
 
+        if small:
+            signatures, rows = _exchange(signature, blocks[0])
+            agree = jnp.all(signatures == signatures[0])
+            outputs = row_body(rows, lax.axis_index(AXIS))
+            return (signatures, *(jnp.where(agree, o, jnp.zeros_like(o)) for o in outputs))
+        signatures, _ = _exchange(signature)
+        agree = jnp.all(signatures == signatures[0])
         return (signatures, *lax.cond(agree, body, skipped, *blocks))
 
     spec = PartitionSpec(AXIS)
@@ -252,6 +354,6 @@ def _dispatch(kind: str, ranks: tuple[int, ...], params: tuple, blocks: list, de
         jax.make_array_from_single_device_arrays((k * b.shape[0],), layout, [b])
         for b in [_signature_block(value), *blocks]
     ]
-    outputs = _program(kind, ranks, params)(*global_inputs)
+    outputs = _program(kind, ranks, params, is_small(blocks))(*global_inputs)
     local = [o.addressable_shards[0].data for o in outputs]
     return value, local[0], local[1:]
