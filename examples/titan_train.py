@@ -285,7 +285,7 @@ def train_parallel(
     return losses
 
 
-def train_single(c: Config, steps: int) -> list[float]:
+def train_single(c: Config, steps: int, on_step=None) -> list[float]:
     """The same model and batches in this process alone (fp32, eager): the reference."""
     model = build(c).to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=c.lr, weight_decay=0.1)
@@ -298,6 +298,8 @@ def train_single(c: Config, steps: int) -> list[float]:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, losses[-1])
     return losses
 
 

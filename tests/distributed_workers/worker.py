@@ -190,6 +190,91 @@ def _local_device_checks() -> None:
         assert flat_value(x).devices() == {platform.device()}
 
 
+def _titan_train():
+    """examples/titan_train.py as a module."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import titan_train
+
+    return titan_train
+
+
+def _mesh_env(name: str) -> tuple[int, int]:
+    dp, tp = os.environ[name].split("x")
+    return int(dp), int(tp)
+
+
+def _titan() -> None:
+    """TorchTitan-style training on the mesh TITAN_MESH (dp x tp) against one process on
+    the global batch; saves at step TITAN_SAVE_AT, then (TITAN_RESUME_MESH) resumes that
+    checkpoint on another mesh shape and continues the single-process curve."""
+    tt = _titan_train()
+    init()
+    c = tt.Config()
+    steps, save_at = int(os.environ["TITAN_STEPS"]), int(os.environ["TITAN_SAVE_AT"])
+    ckpt, bf16 = os.environ["TITAN_CKPT"], os.environ.get("TITAN_BF16") == "1"
+    compile = os.environ.get("TITAN_COMPILE") == "1"
+    bound = float(os.environ.get("TITAN_BOUND", "1e-5"))
+    reference = [tt.train_single(c, steps) if RANK == 0 else None]
+    dist.broadcast_object_list(reference, src=0)
+    reference = reference[0]
+    dp, tp = _mesh_env("TITAN_MESH")
+
+    @check("parity")
+    def _():
+        losses = tt.train_parallel(
+            c, dp, tp, steps, bf16=bf16, compile=compile, save_at=save_at, ckpt=ckpt
+        )
+        error = tt.max_relative_error(losses, reference)
+        results["parity_error"] = f"{error:.3e}"
+        assert error <= bound, (error, losses, reference)
+
+    if os.environ.get("TITAN_RESUME_MESH"):
+        rdp, rtp = _mesh_env("TITAN_RESUME_MESH")
+
+        @check("resume_on_another_mesh")
+        def _():
+            losses = tt.train_parallel(
+                c, rdp, rtp, steps, start=save_at, resume=f"{ckpt}/step{save_at}"
+            )
+            error = tt.max_relative_error(losses, reference[save_at:])
+            results["resume_error"] = f"{error:.3e}"
+            assert error <= 1e-5, (error, losses, reference[save_at:])
+
+
+def _titan_dies() -> None:
+    """Rank 1 dies in the forward pass of step 2, after the checkpoint of step 1: the
+    others must raise within the timeout; the checkpoint must stay loadable."""
+    tt = _titan_train()
+    init()
+    ckpt = os.environ["TITAN_CKPT"]
+    seen = {"steps": 0}
+
+    def on_step(step, loss):
+        seen["steps"] = step + 1
+
+    def die_mid_step(module, args, output):
+        if RANK == 1 and seen["steps"] == 2:
+            os._exit(17)
+
+    torch.nn.modules.module.register_module_forward_hook(die_mid_step)
+
+    @check("peer_died_mid_step")
+    def _():
+        begin = time.monotonic()
+        try:
+            tt.train_parallel(
+                tt.Config(), WORLD, 1, 4, save_at=1, ckpt=ckpt, ac=False, on_step=on_step
+            )
+            raise AssertionError("training went on without rank 1")
+        except dist.DistBackendError as e:
+            results["peer_died_error"] = str(e)
+            results["peer_died_seconds"] = f"{time.monotonic() - begin:.1f}"
+            results["_abandoned"] = "yes"
+        assert seen["steps"] == 2, seen
+
+
 def _dies() -> None:
     """One rank (TPU_DIST_DYING_RANK, default 1) dies after the first collective; the
     other's next one must raise."""
@@ -252,6 +337,8 @@ SCENARIOS = {
     "compile": _compile,
     "mesh4": _mesh4,
     "late_init": _late_init,
+    "titan": _titan,
+    "titan_dies": _titan_dies,
     "dies": _dies,
     "hangs": _hangs,
     "never_joins": _never_joins,

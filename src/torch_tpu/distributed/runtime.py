@@ -83,6 +83,31 @@ def device_ids(world_size: int) -> list[int]:
     return [int(_store.get(k)) for k in keys]
 
 
+_met: set[tuple[int, ...]] = set()  # rank sets that have met (see join_first_use)
+
+
+def join_first_use(ranks: tuple[int, ...], timeout: datetime.timedelta, what: str) -> None:
+    """Before the first collective over a set of ranks, wait (within the group's timeout)
+    until all of them have come to it.
+
+    XLA's gloo collectives connect a set of devices at its first collective, waiting only
+    30 s for the peers' addresses (jaxlib's fixed deadline); a rank that comes later
+    (still compiling, loading a checkpoint, evaluating alone) would fail the job. Later
+    collectives over the same set have no such limit."""
+    if len(ranks) < 2 or ranks in _met:
+        return
+    from .work import timed_out
+
+    key = f"tpu_dist/met/{','.join(map(str, ranks))}"
+    if _store.add(key, 1) == len(ranks):
+        _store.set(f"{key}/all", "1")
+    try:
+        _store.wait([f"{key}/all"], timeout)
+    except Exception:
+        raise timed_out(f"{what} (waiting for its ranks' first collective)", timeout) from None
+    _met.add(ranks)
+
+
 def _stop_backend() -> relocate.Held:
     """JAX's backend is up (tpu tensors made before init_process_group, or just a device
     query): hold the tpu tensors' values on the host and stop it, so that jax.distributed
