@@ -84,6 +84,7 @@ def device_ids(world_size: int) -> list[int]:
 
 
 _met: set[tuple[int, ...]] = set()  # rank sets that have met (see join_first_use)
+_GLOO_CONNECT = datetime.timedelta(seconds=30)  # jaxlib's deadline for gloo's first connect
 
 
 def join_first_use(ranks: tuple[int, ...], timeout: datetime.timedelta, what: str) -> None:
@@ -93,18 +94,20 @@ def join_first_use(ranks: tuple[int, ...], timeout: datetime.timedelta, what: st
     XLA's gloo collectives connect a set of devices at its first collective, waiting only
     30 s for the peers' addresses (jaxlib's fixed deadline); a rank that comes later
     (still compiling, loading a checkpoint, evaluating alone) would fail the job. Later
-    collectives over the same set have no such limit."""
+    collectives over the same set have no such limit. Never shorter than those 30 s:
+    startup skew under load must not fail a job that gloo alone would have let through."""
     if len(ranks) < 2 or ranks in _met:
         return
     from .work import timed_out
 
+    limit = max(timeout, _GLOO_CONNECT)
     key = f"tpu_dist/met/{','.join(map(str, ranks))}"
     if _store.add(key, 1) == len(ranks):
         _store.set(f"{key}/all", "1")
     try:
-        _store.wait([f"{key}/all"], timeout)
+        _store.wait([f"{key}/all"], limit)
     except Exception:
-        raise timed_out(f"{what} (waiting for its ranks' first collective)", timeout) from None
+        raise timed_out(f"{what} (waiting for its ranks' first collective)", limit) from None
     _met.add(ranks)
 
 
