@@ -2,6 +2,7 @@
 on CPU tensors, 2 processes, 1 MB to 256 MB float32. Ratios from one run.
 
     python benchmarks/bench_allreduce.py        # launches its 2 processes with torchrun
+    python benchmarks/bench_allreduce.py --latency   # per-call cost of small collectives
 
 Algorithm bandwidth = bytes of the tensor / time of one synchronous all_reduce
 (the best of a few repetitions; both backends are timed in the same processes,
@@ -19,6 +20,8 @@ import time
 
 SIZES_MB = (1, 4, 16, 64, 256)
 REPEATS = 5
+LATENCY_SIZES = (1, 1024, 65536)  # float32 elements
+LATENCY_CALLS = 200
 
 
 def _best(fn, barrier) -> float:
@@ -32,6 +35,45 @@ def _best(fn, barrier) -> float:
     return min(times)
 
 
+def latency(gloo, barrier) -> None:
+    """Median wall time of one synchronous small collective, after its first call (the
+    fixed cost: the call's set-up, its mismatch check and the round trip)."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+
+    def median_ms(fn) -> float:
+        fn()  # compile / warm up
+        barrier()
+        times = []
+        for _ in range(LATENCY_CALLS):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e3
+
+    if rank == 0:
+        print(f"{'collective':>26} {'tpu_dist ms':>12} {'gloo ms':>8} {'jax psum ms':>12}")
+    for n in LATENCY_SIZES:
+        on_tpu, on_cpu = torch.ones(n, device="tpu"), torch.ones(n)
+        out_tpu = torch.empty(2 * n, device="tpu")
+        cases = {
+            f"all_reduce {4 * n}B": lambda t=on_tpu: dist.all_reduce(t),
+            f"all_gather_into {4 * n}B": lambda o=out_tpu, t=on_tpu: (
+                dist.all_gather_into_tensor(o, t)
+            ),
+        }
+        for name, fn in cases.items():
+            tpu_ms = median_ms(lambda fn=fn: (fn(), torch.tpu.synchronize()))
+            gloo_ms = median_ms(lambda t=on_cpu: dist.all_reduce(t, group=gloo))
+            jax_ms = median_ms(_jax_psum(n))
+            if rank == 0:
+                print(f"{name:>26} {tpu_ms:>12.3f} {gloo_ms:>8.3f} {jax_ms:>12.3f}", flush=True)
+
+
 def bench() -> None:
     import torch
     import torch.distributed as dist
@@ -42,6 +84,11 @@ def bench() -> None:
 
     def barrier():
         dist.barrier(group=gloo)
+
+    if "--latency" in sys.argv:
+        latency(gloo, barrier)
+        dist.destroy_process_group()
+        return
 
     if rank == 0:
         print(
@@ -103,6 +150,7 @@ if __name__ == "__main__":
                     "--nproc-per-node",
                     "2",
                     __file__,
+                    *sys.argv[1:],
                 ],
                 env=env,
             )

@@ -27,7 +27,15 @@ def _free_port() -> int:
 
 
 def launch(
-    scenario: str, world: int, tmp_path, *, ranks=None, timeout_s=60, explicit=False, deadline=240
+    scenario: str,
+    world: int,
+    tmp_path,
+    *,
+    ranks=None,
+    timeout_s=60,
+    explicit=False,
+    deadline=240,
+    extra_env=None,
 ) -> list[dict]:
     """Run `scenario` on ranks 0..world-1 (or only `ranks`); each rank's results."""
     port = _free_port()
@@ -43,6 +51,7 @@ def launch(
             "MASTER_PORT": str(port),
             "TPU_DIST_TIMEOUT": str(timeout_s),
             "TORCH_TPU_PLATFORM": "cpu",
+            **(extra_env or {}),
         }
         if explicit:  # init_method, rank and world size passed to init_process_group
             for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
@@ -151,10 +160,17 @@ def test_tensors_made_before_init_process_group_stay_valid(tmp_path):
 
 
 def test_subgroups_and_2d_device_mesh_on_four_ranks(tmp_path):
-    results = launch("mesh4", 4, tmp_path)
+    """Also one rank per device on a multi-device host: each process sees four XLA:CPU
+    devices (as every process on a GPU/TPU host sees every accelerator), rank r must
+    compute on device LOCAL_RANK, and the collectives run between the chosen devices."""
+    results = launch(
+        "mesh4", 4, tmp_path, extra_env={"JAX_NUM_CPU_DEVICES": "4", "LOCAL_WORLD_SIZE": "4"}
+    )
     assert_ok(
         results,
         [
+            "rank_computes_on_its_local_rank_device",
+            "collectives_between_local_rank_devices",
             "new_group_all_reduce",
             "new_group_broadcast_group_src",
             "device_mesh_2x2",

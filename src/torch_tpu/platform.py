@@ -44,6 +44,7 @@ def platform() -> str:
     import jax
 
     name = forced()
+    _restrict_to_local_device(name)
     if name:
         try:
             jax.devices(name)
@@ -60,6 +61,26 @@ def platform() -> str:
         except RuntimeError:
             continue
     return "cpu"
+
+
+_restricted = False
+
+
+def _restrict_to_local_device(name: str | None) -> None:
+    """Before the backend starts: on a host shared by several ranks (torchrun's
+    LOCAL_WORLD_SIZE > 1), open only this rank's accelerator (`local_device.py`)."""
+    global _restricted
+    if _restricted or backend_started():
+        return
+    import jax
+
+    from . import local_device
+
+    settings = local_device.visibility(name, os.environ)
+    os.environ.update(settings.env)
+    for option, value in settings.jax_config.items():
+        jax.config.update(option, value)
+    _restricted = True
 
 
 def available() -> bool:
@@ -88,9 +109,20 @@ def devices() -> tuple[jax.Device, ...]:
     multi-process job jax.devices() also lists the other processes' devices."""
     import jax
 
-    found = tuple(jax.local_devices(backend=platform()))
-    jax.config.update("jax_default_device", found[0])
-    return found
+    return tuple(jax.local_devices(backend=platform()))
+
+
+@functools.cache
+def _own() -> jax.Device:
+    """The device this process computes on: its LOCAL_RANK's when it sees several."""
+    import jax
+
+    from . import local_device
+
+    found = devices()
+    chosen = found[local_device.index(os.environ, len(found))]
+    jax.config.update("jax_default_device", chosen)
+    return chosen
 
 
 def restart() -> None:
@@ -99,8 +131,13 @@ def restart() -> None:
 
     platform.cache_clear()
     devices.cache_clear()
+    _own.cache_clear()
     jax.config.update("jax_default_device", forced())
 
 
 def device(index: int = 0) -> jax.Device:
-    return devices()[index]
+    """The JAX device behind tpu:index. Every tpu tensor is on tpu:0 (one device per
+    process, see docs/architecture.md), which is this process's own device."""
+    if index != 0:
+        raise RuntimeError(f"tpu:{index}: torch_tpu has one device per process (tpu:0)")
+    return _own()

@@ -98,6 +98,7 @@ def _mesh4() -> None:
     import collective_checks
 
     init()
+    _local_device_checks()
     collective_checks.run_subgroups(check, RANK, WORLD)
 
 
@@ -152,6 +153,126 @@ def _late_init() -> None:
                 torch.testing.assert_close(
                     p_got, p_ref, rtol=1e-5, atol=1e-5, msg=lambda m, s=step: f"step {s}: {m}"
                 )
+
+
+def _local_device_checks() -> None:
+    """Each process sees several XLA:CPU devices (JAX_NUM_CPU_DEVICES); rank r must
+    compute on device LOCAL_RANK of its process, and collectives run between those."""
+    import jax
+
+    from torch_tpu import platform
+    from torch_tpu.distributed import mesh
+    from torch_tpu.distributed.tensors import flat_value
+
+    local = int(os.environ["LOCAL_RANK"])
+
+    @check("rank_computes_on_its_local_rank_device")
+    def _():
+        devices = jax.local_devices()
+        assert len(devices) == int(os.environ["JAX_NUM_CPU_DEVICES"]), devices
+        assert platform.device() == devices[local], (platform.device(), devices)
+        y = torch.arange(6.0, device="tpu") * (RANK + 1) + 1
+        with torch.tpu.set_eager_mode("fused"):
+            z = (y * 2).sum()
+        assert flat_value(y).devices() == {devices[local]}, flat_value(y).devices()
+        assert flat_value(z).devices() == {devices[local]}, flat_value(z).devices()
+        same(z, (torch.arange(6.0) * (RANK + 1) + 1).mul(2).sum())
+
+    @check("collectives_between_local_rank_devices")
+    def _():
+        chosen = [None] * WORLD
+        dist.all_gather_object(chosen, (platform.device().id, local))
+        mine = mesh.rank_devices()
+        assert [d.id for d in mine] == [c[0] for c in chosen], (mine, chosen)
+        x = tpu([1.0, 2.0]) * (RANK + 1)
+        dist.all_reduce(x)
+        same(x, torch.tensor([1.0, 2.0]) * sum(r + 1 for r in range(WORLD)))
+        assert flat_value(x).devices() == {platform.device()}
+
+
+def _titan_train():
+    """examples/titan_train.py as a module."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import titan_train
+
+    return titan_train
+
+
+def _mesh_env(name: str) -> tuple[int, int]:
+    dp, tp = os.environ[name].split("x")
+    return int(dp), int(tp)
+
+
+def _titan() -> None:
+    """TorchTitan-style training on the mesh TITAN_MESH (dp x tp) against one process on
+    the global batch; saves at step TITAN_SAVE_AT, then (TITAN_RESUME_MESH) resumes that
+    checkpoint on another mesh shape and continues the single-process curve."""
+    tt = _titan_train()
+    init()
+    c = tt.Config()
+    steps, save_at = int(os.environ["TITAN_STEPS"]), int(os.environ["TITAN_SAVE_AT"])
+    ckpt, bf16 = os.environ["TITAN_CKPT"], os.environ.get("TITAN_BF16") == "1"
+    compile = os.environ.get("TITAN_COMPILE") == "1"
+    bound = float(os.environ.get("TITAN_BOUND", "1e-5"))
+    reference = [tt.train_single(c, steps) if RANK == 0 else None]
+    dist.broadcast_object_list(reference, src=0)
+    reference = reference[0]
+    dp, tp = _mesh_env("TITAN_MESH")
+
+    @check("parity")
+    def _():
+        losses = tt.train_parallel(
+            c, dp, tp, steps, bf16=bf16, compile=compile, save_at=save_at, ckpt=ckpt
+        )
+        error = tt.max_relative_error(losses, reference)
+        results["parity_error"] = f"{error:.3e}"
+        assert error <= bound, (error, losses, reference)
+
+    if os.environ.get("TITAN_RESUME_MESH"):
+        rdp, rtp = _mesh_env("TITAN_RESUME_MESH")
+
+        @check("resume_on_another_mesh")
+        def _():
+            losses = tt.train_parallel(
+                c, rdp, rtp, steps, start=save_at, resume=f"{ckpt}/step{save_at}"
+            )
+            error = tt.max_relative_error(losses, reference[save_at:])
+            results["resume_error"] = f"{error:.3e}"
+            assert error <= 1e-5, (error, losses, reference[save_at:])
+
+
+def _titan_dies() -> None:
+    """Rank 1 dies in the forward pass of step 2, after the checkpoint of step 1: the
+    others must raise within the timeout; the checkpoint must stay loadable."""
+    tt = _titan_train()
+    init()
+    ckpt = os.environ["TITAN_CKPT"]
+    seen = {"steps": 0}
+
+    def on_step(step, loss):
+        seen["steps"] = step + 1
+
+    def die_mid_step(module, args, output):
+        if RANK == 1 and seen["steps"] == 2:
+            os._exit(17)
+
+    torch.nn.modules.module.register_module_forward_hook(die_mid_step)
+
+    @check("peer_died_mid_step")
+    def _():
+        begin = time.monotonic()
+        try:
+            tt.train_parallel(
+                tt.Config(), WORLD, 1, 4, save_at=1, ckpt=ckpt, ac=False, on_step=on_step
+            )
+            raise AssertionError("training went on without rank 1")
+        except dist.DistBackendError as e:
+            results["peer_died_error"] = str(e)
+            results["peer_died_seconds"] = f"{time.monotonic() - begin:.1f}"
+            results["_abandoned"] = "yes"
+        assert seen["steps"] == 2, seen
 
 
 def _dies() -> None:
@@ -216,6 +337,8 @@ SCENARIOS = {
     "compile": _compile,
     "mesh4": _mesh4,
     "late_init": _late_init,
+    "titan": _titan,
+    "titan_dies": _titan_dies,
     "dies": _dies,
     "hangs": _hangs,
     "never_joins": _never_joins,

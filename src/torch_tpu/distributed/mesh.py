@@ -15,19 +15,17 @@ AXIS = "ranks"
 
 @functools.cache
 def rank_devices() -> tuple[jax.Device, ...]:
-    """Per global rank (= JAX process index), the device torch_tpu uses in that process:
-    its first local device of the platform."""
-    by_process: dict[int, list[jax.Device]] = {}
-    for d in jax.devices(platform.platform()):
-        by_process.setdefault(d.process_index, []).append(d)
-    chosen = tuple(min(by_process[p], key=lambda d: d.id) for p in sorted(by_process))
+    """Per global rank (= JAX process index), the device torch_tpu uses in that process
+    (its LOCAL_RANK's on a multi-device host, `local_device.py`), as each rank published
+    it in the store when it joined."""
     from . import runtime
 
-    if chosen[runtime.rank()] != platform.device():
-        raise RuntimeError(
-            f"tpu_dist: rank {runtime.rank()} computes on {platform.device()} but the mesh "
-            f"expects {chosen[runtime.rank()]}"
-        )
+    by_id = {d.id: d for d in jax.devices(platform.platform())}
+    chosen = tuple(by_id[i] for i in runtime.device_ids(jax.process_count()))
+    for rank, d in enumerate(chosen):
+        if d.process_index != rank:
+            raise RuntimeError(f"tpu_dist: rank {rank}'s device {d} belongs to process "
+                               f"{d.process_index}")
     return chosen
 
 

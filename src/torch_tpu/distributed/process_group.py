@@ -101,6 +101,7 @@ class TpuProcessGroup(ProcessGroup):
         order); returns its output blocks and a pending signature check."""
         group = self.global_ranks if ranks is None else tuple(self.global_ranks[r] for r in ranks)
         what = f"{kind} on ranks {list(group)}"
+        runtime.join_first_use(group, self._timeout, what)
         pending = programs.run(kind, group, params, blocks, described)
         try:
             own, signatures, outputs = pending.result(self._timeout.total_seconds())

@@ -34,11 +34,13 @@ from .. import platform
 from . import relocate
 
 _COORDINATOR_KEY = "tpu_dist/jax_coordinator"
+_DEVICE_KEY = "tpu_dist/device/{}"  # a rank's device id (local_device.py chose it)
 _NEVER = 30 * 24 * 3600  # seconds: heartbeats that never time out (see above)
 
 _lock = threading.Lock()
 _world: tuple[int, int] | None = None  # (rank, world size) once started
 _presence: socket.socket | None = None  # open while this process lives (coordinator.py)
+_store = None  # the default group's store: where ranks publish their devices
 
 
 def started() -> bool:
@@ -51,7 +53,7 @@ def rank() -> int:
 
 def start(store, rank: int, world_size: int, timeout: datetime.timedelta) -> None:
     """Make this process rank `rank` of a `world_size`-process JAX job (once per process)."""
-    global _world
+    global _world, _store
     with _lock:
         if _world is not None:
             if _world != (rank, world_size):
@@ -67,9 +69,46 @@ def start(store, rank: int, world_size: int, timeout: datetime.timedelta) -> Non
                 held = _stop_backend()
             _connect(store, rank, world_size, timeout)
         _world = (rank, world_size)
-    platform.devices()  # start the backend now: with the distributed client, if any
+        _store = store
+    # start the backend now (with the distributed client, if any) and say which device
+    store.set(_DEVICE_KEY.format(rank), str(platform.device().id))
     if held is not None:
         relocate.restore(held, platform.device())
+
+
+def device_ids(world_size: int) -> list[int]:
+    """Each global rank's device id, as the ranks published them at start()."""
+    keys = [_DEVICE_KEY.format(r) for r in range(world_size)]
+    _store.wait(keys)
+    return [int(_store.get(k)) for k in keys]
+
+
+_met: set[tuple[int, ...]] = set()  # rank sets that have met (see join_first_use)
+_GLOO_CONNECT = datetime.timedelta(seconds=30)  # jaxlib's deadline for gloo's first connect
+
+
+def join_first_use(ranks: tuple[int, ...], timeout: datetime.timedelta, what: str) -> None:
+    """Before the first collective over a set of ranks, wait (within the group's timeout)
+    until all of them have come to it.
+
+    XLA's gloo collectives connect a set of devices at its first collective, waiting only
+    30 s for the peers' addresses (jaxlib's fixed deadline); a rank that comes later
+    (still compiling, loading a checkpoint, evaluating alone) would fail the job. Later
+    collectives over the same set have no such limit. Never shorter than those 30 s:
+    startup skew under load must not fail a job that gloo alone would have let through."""
+    if len(ranks) < 2 or ranks in _met:
+        return
+    from .work import timed_out
+
+    limit = max(timeout, _GLOO_CONNECT)
+    key = f"tpu_dist/met/{','.join(map(str, ranks))}"
+    if _store.add(key, 1) == len(ranks):
+        _store.set(f"{key}/all", "1")
+    try:
+        _store.wait([f"{key}/all"], limit)
+    except Exception:
+        raise timed_out(f"{what} (waiting for its ranks' first collective)", limit) from None
+    _met.add(ranks)
 
 
 def _stop_backend() -> relocate.Held:
