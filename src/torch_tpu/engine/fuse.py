@@ -9,13 +9,26 @@ jits) and returns only the values still referenced by live storages: dead
 intermediates never reach memory. The function is cached by the segment's
 structure (which per-op executables, wired how, with which live outputs), so
 a training loop compiles its segments once and then replays them.
+
+Donation: an input array that nothing but the segment holds any more (the
+storage it backed was overwritten by the segment, or freed) is donated to the
+executable, so XLA writes the new parameters and optimizer moments into the
+old buffers instead of keeping both alive while the segment runs. "Nothing
+else holds it" is read from the jax.Array's reference count, as strict mode's
+donation does (engine/donation.py says what that relies on): another storage
+sharing the array (tensor.clone_storage), a resolved Pending not yet taken by
+its storage, the shared zeros table or a user reference each add one, and
+then the array is kept. Which leaves are donated is part of the cache key.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
+import warnings
 import weakref
 
+import jax
 import numpy as np
 
 from .. import cache, env, metrics
@@ -112,23 +125,51 @@ def flush(reason: str = "value needed") -> None:
         tuple((id(entry), s, d, k) for entry, s, d, k in nodes),
         outputs,
     )
-    fn = _compiled.get(fingerprint)
     metrics.count("segments_run")
     metrics.count(f"flush: {reason}")
-    leaves = tuple(segment.leaves)
+    leaves = segment.leaves
+    donated = _donatable(leaves)
+    segment.leaves = None  # (the donated arrays are deleted by the call)
+    fingerprint = (*fingerprint, donated)
+    fn = _compiled.get(fingerprint)
+    given = tuple([leaves[i] for i in donated])
+    donated_set = set(donated)
+    kept = tuple([a for i, a in enumerate(leaves) if i not in donated_set])
     if fn is None:
-        fn = _compiled[fingerprint] = cache.compile(
-            _segment_program(nodes, outputs),
-            (leaves,),
-            kind="segment",
-            name=_segment_name(nodes),
-            signature=_leaf_signature(nodes, leaves),
-        )
+        with warnings.catch_warnings():
+            # a donated input no output can reuse (another shape) is merely freed
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+            fn = _compiled[fingerprint] = cache.compile(
+                _segment_program(nodes, outputs, donated, len(leaves)),
+                (given, kept),
+                kind="segment",
+                name=_segment_name(nodes),
+                signature=_leaf_signature(nodes, leaves, donated),
+                donate_argnums=(0,) if donated else (),
+            )
     else:
         metrics.count("cache_hits")
-    values = fn(leaves)
+    del leaves
+    if donated:
+        metrics.count("segment_donated_buffers", len(donated))
+    values = fn(given, kept)
     for p, value in zip(live, values):
         p.value = value
+
+
+# References to a leaf held by the segment alone, as sys.getrefcount sees it inside
+# _donatable: the leaf list and getrefcount's own argument
+# (tests/test_fused_donation.py asserts that such leaves are donated)
+_SOLE_OWNER_REFS = 2
+
+
+def _donatable(leaves: list) -> tuple[int, ...]:
+    """Indices of the array leaves that nothing outside this segment refers to."""
+    return tuple(
+        i
+        for i in range(len(leaves))
+        if isinstance(leaves[i], jax.Array) and sys.getrefcount(leaves[i]) <= _SOLE_OWNER_REFS
+    )
 
 
 def _segment_name(nodes: list) -> str:
@@ -139,25 +180,37 @@ def _segment_name(nodes: list) -> str:
     return f"{ops[0]}..{ops[-1]} ({len(ops)} ops, {digest})"
 
 
-def _leaf_signature(nodes: list, leaves: tuple) -> list:
-    """Each input of the segment named by the first op argument that reads it, with
-    that argument's shape: what a recompile reports as changed."""
+def _leaf_signature(nodes: list, leaves: list, donated: tuple) -> list:
+    """Each input of the segment (donated ones first, as the executable takes them)
+    named by the first op argument that reads it, with that argument's shape: what a
+    recompile reports as changed."""
     labels = {}
     for entry, storage_refs, _, _ in nodes:
         for slot, ref in enumerate(storage_refs):
             if type(ref) is int and ref not in labels and slot < len(entry.signature):
                 arg, shape, dtype = entry.signature[slot]
                 labels[ref] = (f"{entry.name} {arg}", shape, dtype)
+    order = list(donated) + [i for i in range(len(leaves)) if i not in set(donated)]
     return [
-        labels.get(i, ("scalar", tuple(np.shape(a)), str(getattr(a, "dtype", type(a).__name__))))
-        for i, a in enumerate(leaves)
+        labels.get(
+            i,
+            ("scalar", tuple(np.shape(leaves[i])), str(getattr(leaves[i], "dtype", "python"))),
+        )
+        for i in order
     ]
 
 
-def _segment_program(nodes: list, outputs: tuple):
+def _segment_program(nodes: list, outputs: tuple, donated: tuple, n_leaves: int):
     programs = [(entry.program, s, d, k) for entry, s, d, k in nodes]
+    donated_set = set(donated)
+    kept = tuple(i for i in range(n_leaves) if i not in donated_set)
 
-    def segment(leaves):
+    def segment(given, kept_leaves):
+        leaves = [None] * n_leaves
+        for i, value in zip(donated, given):
+            leaves[i] = value
+        for i, value in zip(kept, kept_leaves):
+            leaves[i] = value
         env = {}
 
         def get(ref):
