@@ -24,6 +24,7 @@ then the array is kept. Which leaves are donated is part of the cache key.
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 import warnings
 import weakref
@@ -34,6 +35,9 @@ import numpy as np
 from .. import cache, env, metrics
 
 CAP = env.integer("TORCH_TPU_FUSE_CAP", 2048, 1)  # ops per segment before a flush
+# Estimated contraction work (matmuls, convolutions) after which the segment is run at
+# the next op, without waiting: the device computes while Python records the rest.
+SPLIT_FLOPS = 512 * 10**6
 
 
 class Pending:
@@ -47,13 +51,14 @@ class Pending:
 
 
 class _Segment:
-    __slots__ = ("leaves", "leaf_index", "nodes", "pendings")
+    __slots__ = ("leaves", "leaf_index", "nodes", "pendings", "flops")
 
     def __init__(self) -> None:
         self.leaves: list = []
         self.leaf_index: dict[int, int] = {}
         self.nodes: list[tuple] = []
         self.pendings: list[weakref.ref] = []
+        self.flops = 0  # estimated contraction work recorded so far
 
     def leaf(self, array) -> int:
         index = self.leaf_index.get(id(array))
@@ -76,7 +81,9 @@ class _Segment:
 
 _segment = _Segment()
 _compiled: dict[tuple, object] = {}
+_FLOPS: dict = {}  # per-op executable -> its estimated contraction work
 cache.on_clear(_compiled.clear)
+cache.on_clear(_FLOPS.clear)
 
 
 def _input_ref(value):
@@ -90,6 +97,10 @@ def _input_ref(value):
 
 def record(entry, storage_values: list, dynamic: tuple, key_inputs: tuple):
     """Record one op; returns (fresh outputs, written storage values) as Pendings."""
+    if _segment.flops >= SPLIT_FLOPS:
+        # here rather than after the op that crossed the line: its caller still held
+        # the arrays it read, which would keep the segment from donating them
+        flush("compute split")
     n = len(_segment.nodes)
     storage_refs = tuple(_input_ref(v) for v in storage_values)
     dynamic_refs = tuple(_segment.scalar(d) for d in dynamic)
@@ -98,9 +109,37 @@ def record(entry, storage_values: list, dynamic: tuple, key_inputs: tuple):
     fresh = [_pendings(meta, (n, "f", k)) for k, meta in enumerate(entry.fresh)]
     written = [_segment.pending((n, "w", k)) for k in range(len(entry.written_slots))]
     metrics.count("ops_deferred")
+    flops = _FLOPS.get(entry)
+    if flops is None:
+        flops = _FLOPS[entry] = _flops(entry)
+    _segment.flops += flops
     if len(_segment.nodes) >= CAP:
         flush("segment size cap")
     return fresh, written
+
+
+# The argument whose last dimension a contraction sums over, per ATen packet
+_CONTRACTED = {"mm": "self", "bmm": "self", "mv": "self", "addmm": "mat1", "baddbmm": "batch1"}
+
+
+def _flops(entry) -> int:
+    """A rough count of an op's multiply-adds x2, from its signature (view shapes of
+    the first argument reading each storage) and its output shape: enough to tell a
+    segment whose compute dwarfs a dispatch. Ops other than contractions count 0."""
+    packet = entry.name.removeprefix("aten::").split(".")[0].rstrip("_")
+    shapes = {name: shape for name, shape, _ in entry.signature}
+    out = entry.fresh[0] if entry.fresh else None
+    if not isinstance(out, tuple):
+        return 0
+    out_numel = math.prod(out[0])
+    if packet in _CONTRACTED:
+        lhs = shapes.get(_CONTRACTED[packet])
+        return 2 * out_numel * lhs[-1] if lhs else 0
+    if packet == "convolution" and "weight" in shapes:
+        return 2 * out_numel * math.prod(shapes["weight"][1:])
+    if packet == "convolution_backward" and "weight" in shapes and "grad_output" in shapes:
+        return 4 * math.prod(shapes["grad_output"]) * math.prod(shapes["weight"][1:])
+    return 0
 
 
 def _pendings(meta, ref):
