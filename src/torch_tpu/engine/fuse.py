@@ -37,7 +37,7 @@ from .. import cache, env, metrics
 CAP = env.integer("TORCH_TPU_FUSE_CAP", 2048, 1)  # ops per segment before a flush
 # Estimated contraction work (matmuls, convolutions) after which the segment is run at
 # the next op, without waiting: the device computes while Python records the rest.
-SPLIT_FLOPS = 512 * 10**6
+SPLIT_FLOPS = 128 * 10**6
 
 
 class Pending:
