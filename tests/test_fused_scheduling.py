@@ -1,8 +1,8 @@
-"""Fused mode splits compute-heavy segments so the device works while Python records.
+"""Fused mode can split compute-heavy segments so the device works while Python records.
 
-A segment whose recorded contractions pass `fuse.SPLIT_FLOPS` runs at the next op
-(reason "compute split") without waiting for a value; the tests shrink the line
-so that small shapes cross it.
+With `fuse.SPLIT_FLOPS` set (off by default), a segment whose recorded contractions
+pass it runs at the next op (reason "compute split") without waiting for a value; the
+tests set a line that small shapes cross.
 """
 
 import pytest
