@@ -9,18 +9,39 @@ jits) and returns only the values still referenced by live storages: dead
 intermediates never reach memory. The function is cached by the segment's
 structure (which per-op executables, wired how, with which live outputs), so
 a training loop compiles its segments once and then replays them.
+
+Donation: an input array that nothing but the segment holds any more (the
+storage it backed was overwritten by the segment, or freed) is donated to the
+executable, so XLA writes the new parameters and optimizer moments into the
+old buffers instead of keeping both alive while the segment runs. "Nothing
+else holds it" is read from the jax.Array's reference count, as strict mode's
+donation does (engine/donation.py says what that relies on): another storage
+sharing the array (tensor.clone_storage), a resolved Pending not yet taken by
+its storage, the shared zeros table or a user reference each add one, and
+then the array is kept. Which leaves are donated is part of the cache key.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import sys
+import warnings
 import weakref
 
+import jax
 import numpy as np
 
 from .. import cache, env, metrics
 
 CAP = env.integer("TORCH_TPU_FUSE_CAP", 2048, 1)  # ops per segment before a flush
+# Estimated contraction work (matmuls, convolutions) after which the segment is run at
+# the next op, without waiting: the device computes while Python records the rest.
+# Off (None) by default: at 128 MFLOP, interleaved gpt runs were faster (median
+# fused/strict per round 1.28x against 1.02x unsplit, on a loaded 2-core machine), but
+# fused AdamW on the 101M MLP then peaked at 1.82x the ideal state against 1.20x
+# unsplit (cause not yet found); see docs/architecture.md.
+SPLIT_FLOPS: int | None = None
 
 
 class Pending:
@@ -34,13 +55,14 @@ class Pending:
 
 
 class _Segment:
-    __slots__ = ("leaves", "leaf_index", "nodes", "pendings")
+    __slots__ = ("leaves", "leaf_index", "nodes", "pendings", "flops")
 
     def __init__(self) -> None:
         self.leaves: list = []
         self.leaf_index: dict[int, int] = {}
         self.nodes: list[tuple] = []
         self.pendings: list[weakref.ref] = []
+        self.flops = 0  # estimated contraction work recorded so far
 
     def leaf(self, array) -> int:
         index = self.leaf_index.get(id(array))
@@ -63,7 +85,9 @@ class _Segment:
 
 _segment = _Segment()
 _compiled: dict[tuple, object] = {}
+_FLOPS: dict = {}  # per-op executable -> its estimated contraction work
 cache.on_clear(_compiled.clear)
+cache.on_clear(_FLOPS.clear)
 
 
 def _input_ref(value):
@@ -77,6 +101,10 @@ def _input_ref(value):
 
 def record(entry, storage_values: list, dynamic: tuple, key_inputs: tuple):
     """Record one op; returns (fresh outputs, written storage values) as Pendings."""
+    if SPLIT_FLOPS is not None and _segment.flops >= SPLIT_FLOPS:
+        # here rather than after the op that crossed the line: its caller still held
+        # the arrays it read, which would keep the segment from donating them
+        flush("compute split")
     n = len(_segment.nodes)
     storage_refs = tuple(_input_ref(v) for v in storage_values)
     dynamic_refs = tuple(_segment.scalar(d) for d in dynamic)
@@ -85,9 +113,37 @@ def record(entry, storage_values: list, dynamic: tuple, key_inputs: tuple):
     fresh = [_pendings(meta, (n, "f", k)) for k, meta in enumerate(entry.fresh)]
     written = [_segment.pending((n, "w", k)) for k in range(len(entry.written_slots))]
     metrics.count("ops_deferred")
+    flops = _FLOPS.get(entry)
+    if flops is None:
+        flops = _FLOPS[entry] = _flops(entry)
+    _segment.flops += flops
     if len(_segment.nodes) >= CAP:
         flush("segment size cap")
     return fresh, written
+
+
+# The argument whose last dimension a contraction sums over, per ATen packet
+_CONTRACTED = {"mm": "self", "bmm": "self", "mv": "self", "addmm": "mat1", "baddbmm": "batch1"}
+
+
+def _flops(entry) -> int:
+    """A rough count of an op's multiply-adds x2, from its signature (view shapes of
+    the first argument reading each storage) and its output shape: enough to tell a
+    segment whose compute dwarfs a dispatch. Ops other than contractions count 0."""
+    packet = entry.name.removeprefix("aten::").split(".")[0].rstrip("_")
+    shapes = {name: shape for name, shape, _ in entry.signature}
+    out = entry.fresh[0] if entry.fresh else None
+    if not isinstance(out, tuple):
+        return 0
+    out_numel = math.prod(out[0])
+    if packet in _CONTRACTED:
+        lhs = shapes.get(_CONTRACTED[packet])
+        return 2 * out_numel * lhs[-1] if lhs else 0
+    if packet == "convolution" and "weight" in shapes:
+        return 2 * out_numel * math.prod(shapes["weight"][1:])
+    if packet == "convolution_backward" and "weight" in shapes and "grad_output" in shapes:
+        return 4 * math.prod(shapes["grad_output"]) * math.prod(shapes["weight"][1:])
+    return 0
 
 
 def _pendings(meta, ref):
@@ -112,23 +168,51 @@ def flush(reason: str = "value needed") -> None:
         tuple((id(entry), s, d, k) for entry, s, d, k in nodes),
         outputs,
     )
-    fn = _compiled.get(fingerprint)
     metrics.count("segments_run")
     metrics.count(f"flush: {reason}")
-    leaves = tuple(segment.leaves)
+    leaves = segment.leaves
+    donated = _donatable(leaves)
+    segment.leaves = None  # (the donated arrays are deleted by the call)
+    fingerprint = (*fingerprint, donated)
+    fn = _compiled.get(fingerprint)
+    given = tuple([leaves[i] for i in donated])
+    donated_set = set(donated)
+    kept = tuple([a for i, a in enumerate(leaves) if i not in donated_set])
     if fn is None:
-        fn = _compiled[fingerprint] = cache.compile(
-            _segment_program(nodes, outputs),
-            (leaves,),
-            kind="segment",
-            name=_segment_name(nodes),
-            signature=_leaf_signature(nodes, leaves),
-        )
+        with warnings.catch_warnings():
+            # a donated input no output can reuse (another shape) is merely freed
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+            fn = _compiled[fingerprint] = cache.compile(
+                _segment_program(nodes, outputs, donated, len(leaves)),
+                (given, kept),
+                kind="segment",
+                name=_segment_name(nodes),
+                signature=_leaf_signature(nodes, leaves, donated),
+                donate_argnums=(0,) if donated else (),
+            )
     else:
         metrics.count("cache_hits")
-    values = fn(leaves)
+    del leaves
+    if donated:
+        metrics.count("segment_donated_buffers", len(donated))
+    values = fn(given, kept)
     for p, value in zip(live, values):
         p.value = value
+
+
+# References to a leaf held by the segment alone, as sys.getrefcount sees it inside
+# _donatable: the leaf list and getrefcount's own argument
+# (tests/test_fused_donation.py asserts that such leaves are donated)
+_SOLE_OWNER_REFS = 2
+
+
+def _donatable(leaves: list) -> tuple[int, ...]:
+    """Indices of the array leaves that nothing outside this segment refers to."""
+    return tuple(
+        i
+        for i in range(len(leaves))
+        if isinstance(leaves[i], jax.Array) and sys.getrefcount(leaves[i]) <= _SOLE_OWNER_REFS
+    )
 
 
 def _segment_name(nodes: list) -> str:
@@ -139,25 +223,37 @@ def _segment_name(nodes: list) -> str:
     return f"{ops[0]}..{ops[-1]} ({len(ops)} ops, {digest})"
 
 
-def _leaf_signature(nodes: list, leaves: tuple) -> list:
-    """Each input of the segment named by the first op argument that reads it, with
-    that argument's shape: what a recompile reports as changed."""
+def _leaf_signature(nodes: list, leaves: list, donated: tuple) -> list:
+    """Each input of the segment (donated ones first, as the executable takes them)
+    named by the first op argument that reads it, with that argument's shape: what a
+    recompile reports as changed."""
     labels = {}
     for entry, storage_refs, _, _ in nodes:
         for slot, ref in enumerate(storage_refs):
             if type(ref) is int and ref not in labels and slot < len(entry.signature):
                 arg, shape, dtype = entry.signature[slot]
                 labels[ref] = (f"{entry.name} {arg}", shape, dtype)
+    order = list(donated) + [i for i in range(len(leaves)) if i not in set(donated)]
     return [
-        labels.get(i, ("scalar", tuple(np.shape(a)), str(getattr(a, "dtype", type(a).__name__))))
-        for i, a in enumerate(leaves)
+        labels.get(
+            i,
+            ("scalar", tuple(np.shape(leaves[i])), str(getattr(leaves[i], "dtype", "python"))),
+        )
+        for i in order
     ]
 
 
-def _segment_program(nodes: list, outputs: tuple):
+def _segment_program(nodes: list, outputs: tuple, donated: tuple, n_leaves: int):
     programs = [(entry.program, s, d, k) for entry, s, d, k in nodes]
+    donated_set = set(donated)
+    kept = tuple(i for i in range(n_leaves) if i not in donated_set)
 
-    def segment(leaves):
+    def segment(given, kept_leaves):
+        leaves = [None] * n_leaves
+        for i, value in zip(donated, given):
+            leaves[i] = value
+        for i, value in zip(kept, kept_leaves):
+            leaves[i] = value
         env = {}
 
         def get(ref):
