@@ -142,7 +142,9 @@ class CompiledStep:
         with _compiling(), torch.no_grad():
             # autograd runs in the first trace (functorch's functionalize refuses
             # requires_grad_), functionalization and decompositions in the second
-            joint = make_fx(functional_step, tracing_mode="fake")(*flat)
+            joint = make_fx(
+                functional_step, decomposition_table=_unfunctionalizable(), tracing_mode="fake"
+            )(*flat)
             gm = make_fx(
                 torch.func.functionalize(joint, remove="mutations"),
                 decomposition_table=backend.decompositions(),
@@ -261,8 +263,19 @@ def _check_supported(model: nn.Module, optimizer) -> None:
                     f"compile_step: parameters must be on 'tpu', got one on {p.device}; "
                     "call model.to('tpu') before building the optimizer"
                 )
-    if any(hook for hook in (optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks)):
+    if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks:
+        # a hook would run once, at the trace, not at every step
         raise UnsupportedStep("compile_step: optimizer step hooks are not supported")
+
+
+def _unfunctionalizable() -> dict:
+    """Decompositions for the batch-norm entry points that write running statistics
+    but have no functional variant: their `_native_batch_norm_legit` form has one."""
+    from torch._decomp import decomposition_table
+
+    aten = torch.ops.aten
+    ops = (aten.native_batch_norm.default, aten._batch_norm_with_update.default)
+    return {op: decomposition_table[op] for op in ops if op in decomposition_table}
 
 
 def _drop_profiler_calls(gm: torch.fx.GraphModule) -> None:
