@@ -16,7 +16,10 @@ Targets (issue 12): compile_step <= 1.15x the JAX step on both workloads, and
 faster than CPU Inductor on gpt_small. Losses after the timed steps are printed
 next to CPU eager's as a parity check (same seed, same number of steps).
 
-Run: python benchmarks/bench_step.py [--steps N] [--workloads gpt_small gpt]
+Rows are timed in turn, round after round (the best of each is shown), so a busy
+spell of a shared machine falls on every row alike.
+
+Run: python benchmarks/bench_step.py [--rounds N] [--workloads gpt_small gpt]
      [--no-inductor] [--compiled-autograd]
 """
 
@@ -34,43 +37,43 @@ from benchmarks.bench_compile import jax_gpt_loss
 from torch_tpu.training import GPT_SIZES, gpt_parts
 
 
-def best_time(step, steps: int) -> float:
-    """Best seconds per call of step() (which waits for its result) after two warm-ups."""
-    for _ in range(2):
-        step()
-    best = float("inf")
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - start)
+def interleaved_best(steps: dict, rounds: int, per_round: int = 3) -> dict:
+    """Best seconds per call of each step() (which waits for its result): after two
+    warm-up calls each, `rounds` rounds that time every row in turn, so a busy spell of a
+    shared machine falls on all rows alike."""
+    for step in steps.values():
+        for _ in range(2):
+            step()
+    best = dict.fromkeys(steps, float("inf"))
+    for _ in range(rounds):
+        for name, step in steps.items():
+            for _ in range(per_round):
+                start = time.perf_counter()
+                step()
+                best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
-def run_torch(size: str, device: str, how: str, steps: int) -> tuple[float, float, int]:
-    """(seconds per step, final loss, steps taken) for one way of running the step."""
+def torch_step(size: str, device: str, how: str, losses: list):
+    """One way of running the step; each call appends its loss (waited for) to losses."""
     model, opt, inputs, targets, loss_fn = gpt_parts(size, device)
     if how == "compile_step":
         compiled = torch_tpu.compile_step(model, opt, loss_fn)
+        return lambda: losses.append(compiled(inputs, targets).item())
 
-        def step():
-            return compiled(inputs, targets)
-    else:
+    def step():
+        opt.zero_grad()
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        opt.step()
+        return loss
 
-        def step():
-            opt.zero_grad()
-            loss = loss_fn(model(inputs), targets)
-            loss.backward()
-            opt.step()
-            return loss
-
-        if how == "compile":
-            step = torch.compile(step, backend="tpu" if device == "tpu" else "inductor")
-    losses = []
-    seconds = best_time(lambda: losses.append(step().item()), steps)
-    return seconds, losses[-1], len(losses)
+    if how == "compile":
+        step = torch.compile(step, backend="tpu" if device == "tpu" else "inductor")
+    return lambda: losses.append(step().item())
 
 
-def run_cpu_eager_losses(size: str, n: int) -> float:
+def cpu_eager_loss(size: str, n: int) -> float:
     """CPU eager's loss at step n: the parity oracle for every row."""
     model, opt, inputs, targets, loss_fn = gpt_parts(size, "cpu")
     for _ in range(n):
@@ -81,9 +84,9 @@ def run_cpu_eager_losses(size: str, n: int) -> float:
     return loss.item()
 
 
-def run_jax(size: str, steps: int) -> tuple[float, float]:
-    """(seconds per step, final loss) of the step written in JAX, jitted whole, state
-    donated; AdamW as torch.optim.AdamW (lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 1e-2)."""
+def jax_step(size: str, losses: list):
+    """The step written in JAX, jitted whole, state donated; AdamW as torch.optim.AdamW
+    (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2)."""
     model, _, inputs, targets, _ = gpt_parts(size, "cpu")
     params = {k: jnp.asarray(v.detach().numpy()) for k, v in model.state_dict().items()}
     x, y = jnp.asarray(inputs.numpy()), jnp.asarray(targets.numpy())
@@ -108,18 +111,17 @@ def run_jax(size: str, steps: int) -> tuple[float, float]:
     jitted = jax.jit(train_step, donate_argnums=0)
     zeros = jax.tree.map(jnp.zeros_like, params)
     state = [(params, zeros, jax.tree.map(jnp.zeros_like, params), jnp.float32(0))]
-    losses = []
 
     def step():
         state[0], loss = jitted(state[0], x, y)
         losses.append(float(loss))
 
-    return best_time(step, steps), losses[-1]
+    return step
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5, help="timing rounds (3 steps each)")
     parser.add_argument("--workloads", nargs="*", default=["gpt_small", "gpt"])
     parser.add_argument("--no-inductor", action="store_true", help="skip Inductor (slow compile)")
     parser.add_argument(
@@ -131,27 +133,33 @@ def main() -> None:
     print(f"platform: {torch_tpu.platform.platform()}  ({torch.get_num_threads()} CPU threads)")
     for size in args.workloads:
         assert size in GPT_SIZES, size
-        rows = {
-            "tpu compile_step": run_torch(size, "tpu", "compile_step", args.steps),
-            "tpu torch.compile(step)": run_torch(size, "tpu", "compile", args.steps),
-            "JAX jit (donated)": (*run_jax(size, args.steps), 2 + args.steps),
-            "CPU eager": run_torch(size, "cpu", "eager", args.steps),
-        }
+        losses: dict = {}
+        rows = [
+            ("tpu compile_step", "tpu", "compile_step"),
+            ("tpu torch.compile(step)", "tpu", "compile"),
+            ("JAX jit (donated)", None, None),
+            ("CPU eager", "cpu", "eager"),
+        ]
         if not args.no_inductor:
-            rows["CPU Inductor"] = run_torch(size, "cpu", "compile", args.steps)
-        oracle = run_cpu_eager_losses(size, 2 + args.steps)
-        ours = rows["tpu compile_step"][0]
-        print(f"{size} whole training step (CPU eager loss at step {2 + args.steps}: {oracle:.5f})")
-        for name, (seconds, loss, _) in rows.items():
+            rows.append(("CPU Inductor", "cpu", "compile"))
+        steps = {}
+        for name, device, how in rows:
+            out = losses[name] = []
+            steps[name] = jax_step(size, out) if device is None else torch_step(size, device, how, out)
+        best = interleaved_best(steps, args.rounds)
+        n = len(losses["CPU eager"])  # every row ran as many steps
+        oracle = cpu_eager_loss(size, n)
+        ours = best["tpu compile_step"]
+        print(f"{size} whole training step (CPU eager loss at step {n}: {oracle:.5f})")
+        for name, seconds in best.items():
             print(
                 f"  {name:<26} {seconds * 1e3:8.2f} ms   compile_step is {seconds / ours:5.2f}x "
-                f"faster   loss {loss:.5f}"
+                f"faster   loss at step {n}: {losses[name][-1]:.5f}"
             )
-        jax_seconds = rows["JAX jit (donated)"][0]
-        line = f"  compile_step / JAX: {ours / jax_seconds:.2f}x (target <= 1.15x)"
-        if "CPU Inductor" in rows:
-            line += f"; vs CPU Inductor: {rows['CPU Inductor'][0] / ours:.2f}x faster"
-        line += f"; vs CPU eager: {rows['CPU eager'][0] / ours:.2f}x faster"
+        line = f"  compile_step / JAX: {ours / best['JAX jit (donated)']:.2f}x (target <= 1.15x)"
+        if "CPU Inductor" in best:
+            line += f"; vs CPU Inductor: {best['CPU Inductor'] / ours:.2f}x faster"
+        line += f"; vs CPU eager: {best['CPU eager'] / ours:.2f}x faster"
         print(line)
 
 

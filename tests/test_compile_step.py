@@ -67,51 +67,65 @@ def _assert_models_equal(cpu: nn.Module, tpu: nn.Module) -> None:
         torch.testing.assert_close(t.grad.cpu(), c.grad)
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adamw"])
-def test_losses_parameters_and_state_match_cpu_eager(kind):
-    cpu, cpu_opt, tpu, tpu_opt, step, losses = _train_both(kind, steps=3, schedule=True)
+@pytest.fixture(scope="module")
+def sgd_run():
+    """SGD with momentum on a model with BatchNorm, lr scheduled: shared by the parity and
+    donation tests (each trace and compile costs seconds)."""
+    return _train_both("sgd", steps=3, batch_norm=True, schedule=True)
+
+
+def _assert_run_matches(run) -> None:
+    cpu, cpu_opt, tpu, tpu_opt, step, losses = run
     for c, t in losses:
         assert t == pytest.approx(c, rel=1e-5, abs=1e-6)
-    _assert_models_equal(cpu, tpu)
+    _assert_models_equal(cpu, tpu)  # BatchNorm's running statistics and counter too
     for c, t in zip(cpu.parameters(), tpu.parameters()):
         for name, value in cpu_opt.state[c].items():
             torch.testing.assert_close(tpu_opt.state[t][name].cpu(), value, msg=name)
     # a fresh optimizer: one trace creating its state, one with the state as inputs;
-    # the scheduler's new lr each step is a run-time input
+    # the scheduler's new lr each step is a run-time input, not a new trace
     assert step.traces == 2
 
 
-def test_batch_norm_statistics_and_objects_stay_valid():
-    cpu, _, tpu, tpu_opt, step, losses = _train_both("sgd", steps=3, batch_norm=True)
-    for c, t in losses:
-        assert t == pytest.approx(c, rel=1e-5, abs=1e-6)
-    _assert_models_equal(cpu, tpu)  # running_mean/var and num_batches_tracked too
+def test_sgd_with_batch_norm_matches_cpu_and_objects_stay_valid(sgd_run):
+    _assert_run_matches(sgd_run)
+    cpu, _, tpu, tpu_opt, _, _ = sgd_run
     # the Parameters are the optimizer's objects still, and eval mode reads their values
     assert all(a is b for a, b in zip(tpu.parameters(), tpu_opt.param_groups[0]["params"]))
-    cpu.eval(), tpu.eval()
     x, _ = _batch()
-    torch.testing.assert_close(tpu(x.to("tpu")).detach().cpu(), cpu(x).detach())
+    with torch.no_grad():
+        cpu.eval(), tpu.eval()
+        torch.testing.assert_close(tpu(x.to("tpu")).cpu(), cpu(x))
+        cpu.train(), tpu.train()
 
 
-def test_donated_parameters_never_show_through_other_references():
+def test_adamw_matches_cpu():
+    _assert_run_matches(_train_both("adamw", steps=3, schedule=True))
+
+
+def test_donated_parameters_never_show_through_other_references(sgd_run):
     """compile_step donates the parameter buffers it rewrites: a view or a detached alias
     sees the new values (as after an in-place update on CPU), and a reference to the old
     buffer (another storage sharing it, the raw array) keeps the old values."""
-    cpu, cpu_opt, tpu, tpu_opt, step, _ = _train_both("sgd", steps=2)
+    cpu, cpu_opt, tpu, tpu_opt, step, _ = sgd_run
     assert _donating_executables()
     weight = tpu[0].weight
     view, alias = weight.view(-1), weight.detach()
     shared = torch.empty(0, device="tpu").set_(  # a second storage sharing the array
         weight.untyped_storage().clone(), 0, weight.shape, weight.stride()
     )
-    held = storage_of(tpu[2].weight).value  # a raw reference: must not be donated
+    held = storage_of(tpu[3].weight).value  # a raw reference: must not be donated
     before_shared, before_held = shared.cpu(), np.array(held)
     copies = metrics.snapshot().get("compiled_graph_donation_copies", 0)
     x, y = _batch()
-    cpu_opt.zero_grad()
-    nn.functional.cross_entropy(cpu(x), y).backward()
-    cpu_opt.step()
-    step(x.to("tpu"), y.to("tpu"))
+
+    def both_step():  # CPU in step too: the fixture's models stay comparable
+        cpu_opt.zero_grad()
+        nn.functional.cross_entropy(cpu(x), y).backward()
+        cpu_opt.step()
+        step(x.to("tpu"), y.to("tpu"))
+
+    both_step()
     torch.testing.assert_close(view.cpu(), cpu[0].weight.detach().reshape(-1))
     torch.testing.assert_close(alias.cpu(), cpu[0].weight.detach())
     torch.testing.assert_close(shared.cpu(), before_shared)
@@ -120,7 +134,7 @@ def test_donated_parameters_never_show_through_other_references():
     assert metrics.snapshot().get("compiled_graph_donation_copies", 0) == copies + 2
     # with nothing else holding them, the next step donates without copying
     del held, shared
-    step(x.to("tpu"), y.to("tpu"))
+    both_step()
     assert metrics.snapshot().get("compiled_graph_donation_copies", 0) == copies + 2
 
 

@@ -141,11 +141,14 @@ class CompiledGraph:
             jax.block_until_ready((flats, written))
         for slot, value in zip(written_slots, written):
             storages[slot].value = value
+        bumped = []
         for k in self.written_inputs:
             if k in host:
                 host[k].copy_(tensors[k])  # back to the CPU tensor the graph mutated
             else:
-                torch.autograd.graph.increment_version(tensors[k])  # as an in-place op does
+                bumped.append(tensors[k])
+        if bumped:  # as an in-place op does; one call for all (a step writes hundreds)
+            torch.autograd.graph.increment_version(bumped)
         values = [
             new_tensor(shape, dtype, flat, strides)
             for (shape, dtype, strides), flat in zip(self.out_meta, flats)
