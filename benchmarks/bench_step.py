@@ -145,7 +145,10 @@ def main() -> None:
         steps = {}
         for name, device, how in rows:
             out = losses[name] = []
-            steps[name] = jax_step(size, out) if device is None else torch_step(size, device, how, out)
+            if device is None:
+                steps[name] = jax_step(size, out)
+            else:
+                steps[name] = torch_step(size, device, how, out)
         best = interleaved_best(steps, args.rounds)
         n = len(losses["CPU eager"])  # every row ran as many steps
         oracle = cpu_eager_loss(size, n)
