@@ -114,6 +114,7 @@ def test_donated_parameters_never_show_through_other_references(sgd_run):
     shared = torch.empty(0, device="tpu").set_(  # a second storage sharing the array
         weight.untyped_storage().clone(), 0, weight.shape, weight.stride()
     )
+    saved = (weight * weight).sum()  # autograd saved the old weight
     held = storage_of(tpu[3].weight).value  # a raw reference: must not be donated
     before_shared, before_held = shared.cpu(), np.array(held)
     copies = metrics.snapshot().get("compiled_graph_donation_copies", 0)
@@ -130,6 +131,8 @@ def test_donated_parameters_never_show_through_other_references(sgd_run):
     torch.testing.assert_close(alias.cpu(), cpu[0].weight.detach())
     torch.testing.assert_close(shared.cpu(), before_shared)
     assert not held.is_deleted()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()  # as on CPU: the step bumped the version counter
     np.testing.assert_array_equal(np.array(held), before_held)
     assert metrics.snapshot().get("compiled_graph_donation_copies", 0) == copies + 2
     # with nothing else holding them, the next step donates without copying
