@@ -316,7 +316,8 @@ def _run_optimizer(optimizer, params, traced, grads, state_keys, traced_state, l
     try:
         optimizer.state = state
         for group, lr in zip(optimizer.param_groups, lrs):
-            group["params"] = [traced[index[id(p)]] for p in group["params"]]
+            # a frozen parameter gets no gradient: the step skips it, as after zero_grad()
+            group["params"] = [traced[index[id(p)]] for p in group["params"] if id(p) in index]
             group["lr"] = lr
             if "capturable" in group and not group.get("fused"):
                 group["capturable"] = True  # step counters stay tensors on the device
