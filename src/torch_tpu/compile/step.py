@@ -74,7 +74,7 @@ class CompiledStep:
     def __call__(self, inputs, *targets) -> torch.Tensor:
         model_inputs = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
         data = model_inputs + list(targets)
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        named = list(self.model.named_parameters())
         buffers = list(self.model.named_buffers())
         params = [p for _, p in named]
         state_keys, state_values = _state(self.optimizer, params)
@@ -82,7 +82,7 @@ class CompiledStep:
         key = (
             self.model.training,
             len(model_inputs),
-            tuple(map(id, params)),
+            tuple((id(p), p.requires_grad) for p in params),
             tuple(state_keys),
             _hyperparameters(self.optimizer),
             tuple(_describe(t) for t in data),
@@ -119,17 +119,20 @@ class CompiledStep:
         names = [n for n, _ in named]
         buffer_names = [n for n, _ in buffers]
         sizes = (len(params), len(buffers), len(state_values), len(lrs))
+        trainable = [p.requires_grad for p in params]  # frozen ones: inputs, no gradient
         found: dict = {}
 
         def functional_step(*flat):
             traced_params, traced_buffers, traced_state, traced_lrs, batch = _split(flat, sizes)
-            leaves = [p.detach().requires_grad_(True) for p in traced_params]
+            leaves = [p.detach().requires_grad_(t) for p, t in zip(traced_params, trainable)]
             with torch.enable_grad():
                 values = dict(zip(names, leaves)) | dict(zip(buffer_names, traced_buffers))
                 out = torch.func.functional_call(self.model, values, tuple(batch[:n_inputs]))
                 loss = self.loss_fn(out, *batch[n_inputs:])
                 _check_loss(loss)
-                grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+                wanted = [x for x, t in zip(leaves, trainable) if t]
+                found_grads = iter(torch.autograd.grad(loss, wanted, allow_unused=True))
+                grads = [next(found_grads) if t else None for t in trainable]
             created = _run_optimizer(
                 self.optimizer, params, traced_params, grads, state_keys, traced_state, traced_lrs
             )
@@ -177,7 +180,7 @@ class _Program:
             if has:
                 p.grad = outputs[k]
                 k += 1
-            else:
+            elif p.requires_grad:
                 p.grad = None  # as after zero_grad(): backward left it unset
         for index, name in self.created:
             optimizer.state[params[index]][name] = outputs[k]
@@ -316,8 +319,7 @@ def _run_optimizer(optimizer, params, traced, grads, state_keys, traced_state, l
     try:
         optimizer.state = state
         for group, lr in zip(optimizer.param_groups, lrs):
-            # a frozen parameter gets no gradient: the step skips it, as after zero_grad()
-            group["params"] = [traced[index[id(p)]] for p in group["params"] if id(p) in index]
+            group["params"] = [traced[index[id(p)]] for p in group["params"]]
             group["lr"] = lr
             if "capturable" in group and not group.get("fused"):
                 group["capturable"] = True  # step counters stay tensors on the device
