@@ -119,11 +119,10 @@ def compiled_forward_backward(size: str) -> tuple[float, float]:
     return seconds, step().item()
 
 
-def jax_forward_backward(size: str) -> tuple[float, float]:
-    """(seconds, loss) of the same model written in JAX: jit(value_and_grad(loss))."""
+def jax_gpt_loss(size: str):
+    """TinyGPT's cross-entropy loss written directly in JAX: loss(params, x, y), params
+    keyed like the torch model's state_dict."""
     cfg = GPT_SIZES[size]
-    params = {k: jnp.asarray(v.detach().numpy()) for k, v in _model(size).state_dict().items()}
-    x, y = (jnp.asarray(t.numpy()) for t in _batch(size))
     heads, n_layers = cfg["heads"], 2
 
     def linear(p, name, h):
@@ -155,6 +154,14 @@ def jax_forward_backward(size: str) -> tuple[float, float]:
         logp = jax.nn.log_softmax(logits.reshape(-1, cfg["vocab"]), -1)
         return -jnp.take_along_axis(logp, y.reshape(-1, 1), 1).mean()
 
+    return loss
+
+
+def jax_forward_backward(size: str) -> tuple[float, float]:
+    """(seconds, loss) of the same model written in JAX: jit(value_and_grad(loss))."""
+    params = {k: jnp.asarray(v.detach().numpy()) for k, v in _model(size).state_dict().items()}
+    x, y = (jnp.asarray(t.numpy()) for t in _batch(size))
+    loss = jax_gpt_loss(size)
     grad_fn = jax.jit(jax.value_and_grad(loss))
     result = []
 

@@ -33,7 +33,7 @@ import torch  # noqa: E402, F401
 
 from . import device  # noqa: E402
 
-__all__ = ["api", "cache", "metrics", "init", "register"]
+__all__ = ["api", "cache", "compile_step", "metrics", "init", "register"]
 __version__ = "0.1.0"
 
 _initialised = False
@@ -113,6 +113,10 @@ def __getattr__(name: str):
     if name in _LAZY_INTEROP:  # JAX interop (docs/kernels.md): imports JAX, so only when asked
         init()
         return getattr(importlib.import_module(f"{__name__}.interop.{_LAZY_INTEROP[name]}"), name)
+    if name == "compile_step":  # whole-step compilation; its module loads at first use
+        from .compile.step import compile_step
+
+        return compile_step
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

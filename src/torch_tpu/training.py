@@ -108,21 +108,30 @@ GPT_SIZES = {
 }
 
 
-def gpt_step_fn(size: str, device: str, seed: int = 0):
-    """(model, step function returning the loss tensor) for a GPT training step with
-    AdamW(foreach=False) on a fixed batch."""
+def gpt_parts(size: str, device: str, seed: int = 0) -> tuple:
+    """(model, AdamW(foreach=False), inputs, targets, loss_fn) of the GPT training step,
+    with the same seed, weights and fixed batch on every device."""
     cfg = GPT_SIZES[size]
     torch.manual_seed(seed)
     model = TinyGPT(cfg["vocab"], cfg["d"], cfg["heads"], cfg["seq"]).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=g).to(device)
-    inputs, targets = idx[:, :-1], idx[:, 1:]
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.reshape(-1, cfg["vocab"]), targets.reshape(-1))
+
+    return model, opt, idx[:, :-1], idx[:, 1:], loss_fn
+
+
+def gpt_step_fn(size: str, device: str, seed: int = 0):
+    """(model, step function returning the loss tensor) for a GPT training step with
+    AdamW(foreach=False) on a fixed batch."""
+    model, opt, inputs, targets, loss_fn = gpt_parts(size, device, seed)
 
     def step() -> torch.Tensor:
         opt.zero_grad()
-        logits = model(inputs)
-        loss = nn.functional.cross_entropy(logits.reshape(-1, cfg["vocab"]), targets.reshape(-1))
+        loss = loss_fn(model(inputs), targets)
         loss.backward()
         opt.step()
         return loss

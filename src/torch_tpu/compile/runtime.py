@@ -7,14 +7,25 @@ of its own; a new layout (strides, storage offset) compiles another
 executable. Every compile goes through `torch_tpu.cache` under the graph's
 stable name, so a recompile is recorded with the input that changed. Random
 ops draw consecutive (seed, counter) pairs from `torch_tpu.rng` per call.
+
+Donation: the storages a graph writes (an optimizer's parameters and moments,
+BatchNorm statistics) are donated to the executable, so XLA writes the new
+values into the old buffers instead of holding two copies. A buffer is donated
+only when its storage is its sole owner (`_donatable`); one referenced
+elsewhere (another storage sharing it after a deepcopy, a pending host read, the
+small shared zeros, an array the user took out) is copied first and the copy is
+donated, so every executable of a graph donates the same arguments and nothing
+that still holds the old array ever sees it deleted.
 """
 
 from __future__ import annotations
 
 import operator
+import sys
 import weakref
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -120,17 +131,24 @@ class CompiledGraph:
         if entry is None:
             entry = self.executables[layouts] = self._compile(layouts, arrays)
         executable, written_slots = entry
+        for slot in written_slots:
+            if not _donatable(arrays, slot):
+                arrays[slot] = jnp.array(arrays[slot], copy=True)
+                metrics.count("compiled_graph_donation_copies")
         metrics.count("compiled_graph_calls")
         flats, written = executable(*arrays)
         if modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
             jax.block_until_ready((flats, written))
         for slot, value in zip(written_slots, written):
             storages[slot].value = value
+        bumped = []
         for k in self.written_inputs:
             if k in host:
                 host[k].copy_(tensors[k])  # back to the CPU tensor the graph mutated
             else:
-                torch.autograd.graph.increment_version(tensors[k])  # as an in-place op does
+                bumped.append(tensors[k])
+        if bumped:  # as an in-place op does; one call for all (a step writes hundreds)
+            torch.autograd.graph.increment_version(bumped)
         values = [
             new_tensor(shape, dtype, flat, strides)
             for (shape, dtype, strides), flat in zip(self.out_meta, flats)
@@ -146,15 +164,15 @@ class CompiledGraph:
         return out
 
     def _compile(self, layouts: tuple, arrays: list) -> tuple:
-        """(executable, storage slots it writes) for this input layout."""
+        """(executable, storage slots it writes and donates) for this input layout."""
         written_slots = tuple(dict.fromkeys(layouts[k][0] for k in self.written_inputs))
         fn = interpret.build(
             self.graph, layouts, self.value_nodes, self.random_nodes, written_slots
         )
         example = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays)
-        return self._cache_compile(fn, example), written_slots
+        return self._cache_compile(fn, example, written_slots), written_slots
 
-    def _cache_compile(self, fn, example: tuple):
+    def _cache_compile(self, fn, example: tuple, donate: tuple[int, ...] = ()):
         return cache.compile(
             fn,
             example,
@@ -162,4 +180,17 @@ class CompiledGraph:
             name=self.name,
             signature=self.signature,
             options=self.options,
+            donate_argnums=donate,
         )
+
+
+# References to an array that only its storage and the call's argument list hold, as
+# sys.getrefcount sees it from _donatable (its own argument is the third).
+_SOLE_OWNER_REFS = 3
+
+
+def _donatable(arrays: list, slot: int) -> bool:
+    """Whether arrays[slot] may be donated: nothing but its storage (and the argument
+    list) refers to it, so no other storage, view payload, pending host read or user
+    reference can read the buffer once XLA reuses it."""
+    return sys.getrefcount(arrays[slot]) <= _SOLE_OWNER_REFS

@@ -1,0 +1,343 @@
+"""`torch_tpu.compile_step`: forward, backward and optimizer update as one executable.
+
+`torch.compile` of a whole training step gives AOTAutograd's forward and
+backward graphs and the optimizer's graph: three executables, the
+activations and gradients materialised as tpu tensors between them, and
+Python (guards, AOTAutograd's wrappers, a tensor object per output) around
+each. A step written in JAX is one jitted function with its state donated.
+`compile_step` builds that function from the user's own objects:
+
+- `make_fx` traces, under functionalization, `loss_fn(model(*inputs), *targets)`
+  through `torch.func.functional_call`, `torch.autograd.grad` of the loss, and
+  the optimizer's own `step()` run on the traced tensors (param groups and
+  state swapped for the trace, `torch.compiler.is_compiling()` true as under
+  Dynamo, so it takes the paths it takes under torch.compile). The result is
+  one ATen graph whose in-place updates of parameters, buffers (BatchNorm
+  statistics) and optimizer state are `copy_`s into its inputs.
+- The graph runs as a `CompiledGraph`: one cached executable per input
+  layout, the written storages donated, the new values written into the same
+  Parameter, buffer and state tensor objects, so the model, `state_dict()`,
+  checkpoints and eval keep working on them. Gradients land in `p.grad`.
+- Each group's learning rate is a run-time input (a 0-d tensor): a scheduler
+  changes it without a recompile. Other hyperparameters are baked in; changing
+  one traces again.
+
+A fresh optimizer has no state: the first call's graph creates it, the second
+traces again with the state as inputs (two traces, then none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+DEVICE_TYPE = "tpu"
+
+# Optimizers whose step compile_step has been checked against CPU eager; others raise
+# rather than risk a silently different update.
+SUPPORTED_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+
+
+class UnsupportedStep(RuntimeError):
+    """A model, optimizer or step that compile_step cannot compile faithfully."""
+
+
+def compile_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[..., torch.Tensor],
+    *,
+    options: dict | None = None,
+) -> CompiledStep:
+    """One XLA executable for `optimizer.zero_grad(); loss_fn(model(*inputs), *targets)
+    .backward(); optimizer.step()`, called as `loss = step(inputs, *targets)` (inputs: a
+    tensor, or a tuple of the model's positional inputs). Returns the loss (a 0-d tpu
+    tensor, not synchronised). options are XLA compiler options. See docs/compile.md."""
+    return CompiledStep(model, optimizer, loss_fn, options)
+
+
+class CompiledStep:
+    """A training step compiled whole; see `compile_step`."""
+
+    def __init__(self, model, optimizer, loss_fn, options=None) -> None:
+        _check_supported(model, optimizer)
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.options = dict(options or {})
+        self.traces = 0  # how many times a step was traced (tests, diagnostics)
+        self._programs: dict = {}
+        self._lr_tensors: dict = {}
+
+    def __call__(self, inputs, *targets) -> torch.Tensor:
+        model_inputs = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
+        data = model_inputs + list(targets)
+        named = list(self.model.named_parameters())
+        buffers = list(self.model.named_buffers())
+        params = [p for _, p in named]
+        state_keys, state_values = _state(self.optimizer, params)
+        lrs = [self._lr(group["lr"]) for group in self.optimizer.param_groups]
+        key = (
+            self.model.training,
+            len(model_inputs),
+            tuple((id(p), p.requires_grad) for p in params),
+            tuple(state_keys),
+            _hyperparameters(self.optimizer),
+            tuple(_describe(t) for t in data),
+        )
+        program = self._programs.get(key)
+        if program is None:
+            _check_inputs(data)
+            program = self._programs[key] = self._trace(
+                named, buffers, state_keys, state_values, lrs, data, len(model_inputs)
+            )
+        args = [*params, *(b for _, b in buffers), *state_values, *lrs, *data]
+        return program.run(params, self.optimizer, args)
+
+    def _lr(self, lr) -> torch.Tensor:
+        """The learning rate as a 0-d tpu tensor, uploaded once per value."""
+        if isinstance(lr, torch.Tensor):
+            return lr if lr.device.type == DEVICE_TYPE else lr.to(DEVICE_TYPE)
+        tensor = self._lr_tensors.get(lr)
+        if tensor is None:
+            if len(self._lr_tensors) >= 64:  # a scheduler: a new value every step
+                self._lr_tensors.clear()
+            tensor = torch.tensor(lr, dtype=torch.float64).to(DEVICE_TYPE)
+            self._lr_tensors[lr] = tensor
+        return tensor
+
+    def _trace(self, named, buffers, state_keys, state_values, lrs, data, n_inputs) -> _Program:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        from . import backend, interpret
+        from .runtime import CompiledGraph
+
+        backend.register()  # our skip rules and Dynamo's state, as torch.compile sets up
+        params = [p for _, p in named]
+        names = [n for n, _ in named]
+        buffer_names = [n for n, _ in buffers]
+        sizes = (len(params), len(buffers), len(state_values), len(lrs))
+        trainable = [p.requires_grad for p in params]  # frozen ones: inputs, no gradient
+        found: dict = {}
+
+        def functional_step(*flat):
+            traced_params, traced_buffers, traced_state, traced_lrs, batch = _split(flat, sizes)
+            leaves = [p.detach().requires_grad_(t) for p, t in zip(traced_params, trainable)]
+            with torch.enable_grad():
+                values = dict(zip(names, leaves)) | dict(zip(buffer_names, traced_buffers))
+                out = torch.func.functional_call(self.model, values, tuple(batch[:n_inputs]))
+                loss = self.loss_fn(out, *batch[n_inputs:])
+                _check_loss(loss)
+                wanted = [x for x, t in zip(leaves, trainable) if t]
+                found_grads = iter(torch.autograd.grad(loss, wanted, allow_unused=True))
+                grads = [next(found_grads) if t else None for t in trainable]
+            created = _run_optimizer(
+                self.optimizer, params, traced_params, grads, state_keys, traced_state, traced_lrs
+            )
+            found["has_grad"] = [g is not None for g in grads]
+            found["created"] = [key for key, _ in created]
+            return [loss.detach(), *(g for g in grads if g is not None), *(v for _, v in created)]
+
+        flat = [*params, *(b for _, b in buffers), *state_values, *lrs, *data]
+        flat = [x.detach() for x in flat]
+        with _compiling(), torch.no_grad():
+            # autograd runs in the first trace (functorch's functionalize refuses
+            # requires_grad_), functionalization and decompositions in the second
+            joint = make_fx(
+                functional_step, decomposition_table=_unfunctionalizable(), tracing_mode="fake"
+            )(*flat)
+            gm = make_fx(
+                torch.func.functionalize(joint, remove="mutations"),
+                decomposition_table=backend.decompositions(),
+                tracing_mode="fake",
+            )(*flat)
+        self.traces += 1
+        _drop_profiler_calls(gm)
+        try:
+            interpret.check_supported(gm.graph)
+        except interpret.Unsupported as e:
+            raise UnsupportedStep(f"compile_step: no tpu lowering for {e}") from None
+        name = f"compile_step:{type(self.model).__name__}#{id(self):x}.{self.traces}"
+        graph = CompiledGraph(gm, name, None, self.options)
+        return _Program(graph, found["has_grad"], found["created"])
+
+
+class _Program:
+    """One traced step: its compiled graph and where its outputs go."""
+
+    def __init__(self, graph, has_grad: list[bool], created: list[tuple[int, str]]) -> None:
+        self.graph = graph
+        self.has_grad = has_grad
+        self.created = created
+
+    def run(self, params: list, optimizer, args: list) -> torch.Tensor:
+        outputs = self.graph(args)
+        loss = outputs[0]
+        k = 1
+        for p, has in zip(params, self.has_grad):
+            if has:
+                p.grad = outputs[k]
+                k += 1
+            elif p.requires_grad:
+                p.grad = None  # as after zero_grad(): backward left it unset
+        for index, name in self.created:
+            optimizer.state[params[index]][name] = outputs[k]
+            k += 1
+        return loss
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _split(flat, sizes) -> tuple:
+    parts, start = [], 0
+    for size in sizes:
+        parts.append(list(flat[start : start + size]))
+        start += size
+    return (*parts, list(flat[start:]))
+
+
+def _state(optimizer, params: list) -> tuple[list, list]:
+    """((param index, state name) per tensor in the optimizer's state, the tensors)."""
+    keys, values = [], []
+    for k, p in enumerate(params):
+        state = optimizer.state.get(p, {})
+        for name, value in state.items():
+            if isinstance(value, torch.Tensor):
+                if value.device.type != DEVICE_TYPE:  # a CPU step counter (eager, a checkpoint)
+                    value = state[name] = value.to(DEVICE_TYPE)
+                keys.append((k, name))
+                values.append(value)
+    return keys, values
+
+
+def _hyperparameters(optimizer) -> tuple:
+    """Everything of the param groups that the trace bakes in (all but params and lr),
+    and non-tensor state: a change traces again."""
+    return tuple(
+        tuple((k, v) for k, v in group.items() if k not in ("params", "lr"))
+        for group in optimizer.param_groups
+    )
+
+
+def _describe(t) -> tuple:
+    if not isinstance(t, torch.Tensor):
+        raise UnsupportedStep(
+            f"compile_step: step inputs and targets must be tensors, got {type(t).__name__}"
+        )
+    return (tuple(t.shape), t.stride(), t.dtype, t.device.type)
+
+
+def _check_inputs(data: list) -> None:
+    for t in data:
+        if t.device.type != DEVICE_TYPE:
+            raise UnsupportedStep(
+                f"compile_step: inputs and targets must be on 'tpu', got a tensor on "
+                f"{t.device}; move the batch with .to('tpu')"
+            )
+
+
+def _check_loss(loss) -> None:
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        got = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss)
+        raise UnsupportedStep(f"compile_step: loss_fn must return a one-element tensor, got {got}")
+
+
+def _check_supported(model: nn.Module, optimizer) -> None:
+    if type(optimizer) not in SUPPORTED_OPTIMIZERS:
+        names = ", ".join(c.__name__ for c in SUPPORTED_OPTIMIZERS)
+        raise UnsupportedStep(
+            f"compile_step supports {names}; got {type(optimizer).__name__}. Use "
+            "torch.compile on the step instead."
+        )
+    model_params = {id(p) for p in model.parameters()}
+    for group in optimizer.param_groups:
+        if group.get("differentiable"):
+            raise UnsupportedStep("compile_step: differentiable=True optimizers are not supported")
+        for p in group["params"]:
+            if id(p) not in model_params:
+                raise UnsupportedStep(
+                    "compile_step: the optimizer holds a parameter that is not in the model"
+                )
+            if p.device.type != DEVICE_TYPE:
+                raise UnsupportedStep(
+                    f"compile_step: parameters must be on 'tpu', got one on {p.device}; "
+                    "call model.to('tpu') before building the optimizer"
+                )
+    if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks:
+        # a hook would run once, at the trace, not at every step
+        raise UnsupportedStep("compile_step: optimizer step hooks are not supported")
+
+
+def _unfunctionalizable() -> dict:
+    """Decompositions for the batch-norm entry points that write running statistics
+    but have no functional variant: their `_native_batch_norm_legit` form has one."""
+    from torch._decomp import decomposition_table
+
+    aten = torch.ops.aten
+    ops = (aten.native_batch_norm.default, aten._batch_norm_with_update.default)
+    return {op: decomposition_table[op] for op in ops if op in decomposition_table}
+
+
+def _drop_profiler_calls(gm: torch.fx.GraphModule) -> None:
+    """Remove the optimizer's record_function markers: they are no computation."""
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op == "call_function" and getattr(node.target, "namespace", None) == "profiler":
+            gm.graph.erase_node(node)
+    gm.recompile()
+
+
+@contextlib.contextmanager
+def _compiling() -> Iterator[None]:
+    """torch.compiler.is_compiling() is true while tracing, as under Dynamo: optimizers
+    then keep step counters and tensor learning rates on the device (no .item())."""
+    import torch.compiler as compiler
+
+    saved = compiler._is_compiling_flag
+    compiler._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        compiler._is_compiling_flag = saved
+
+
+def _run_optimizer(optimizer, params, traced, grads, state_keys, traced_state, lrs) -> list:
+    """Run optimizer.step() on the traced tensors; returns ((param index, name), value)
+    for each state tensor the step created or replaced (the rest it updated in place)."""
+    index = {id(p): k for k, p in enumerate(params)}
+    state: defaultdict = defaultdict(dict)
+    inputs = {}
+    for k, p in enumerate(params):
+        for name, value in optimizer.state.get(p, {}).items():
+            state[traced[k]][name] = value  # non-tensors (and tensors, replaced below)
+    for (k, name), value in zip(state_keys, traced_state):
+        state[traced[k]][name] = value
+        inputs[(k, name)] = value
+    saved_state, saved_groups = optimizer.state, [dict(g) for g in optimizer.param_groups]
+    try:
+        optimizer.state = state
+        for group, lr in zip(optimizer.param_groups, lrs):
+            group["params"] = [traced[index[id(p)]] for p in group["params"]]
+            group["lr"] = lr
+            if "capturable" in group and not group.get("fused"):
+                group["capturable"] = True  # step counters stay tensors on the device
+            if "foreach" in group and not group.get("fused"):
+                group["foreach"] = True  # tensor lr: the foreach paths handle it on device
+        for t, g in zip(traced, grads):
+            t.grad = g
+        optimizer.step()
+    finally:
+        optimizer.state = saved_state
+        for group, saved in zip(optimizer.param_groups, saved_groups):
+            group.clear()
+            group.update(saved)
+        for t in traced:
+            t.grad = None
+    created = []
+    for k, t in enumerate(traced):
+        for name, value in state.get(t, {}).items():
+            if isinstance(value, torch.Tensor) and value is not inputs.get((k, name)):
+                created.append(((k, name), value))
+    return created

@@ -1,0 +1,194 @@
+"""Whole-step compilation (`torch_tpu.compile_step`) and donation of the storages a
+compiled graph writes: parity with CPU eager, the user's objects stay valid, a donated
+buffer is never read after XLA reused it, and unsupported steps raise clearly."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torch_tpu
+from torch_tpu import metrics
+from torch_tpu.compile.step import UnsupportedStep
+from torch_tpu.tensor import storage_of
+
+
+def _mlp(batch_norm: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+    middle = [nn.BatchNorm1d(16)] if batch_norm else []
+    return nn.Sequential(nn.Linear(8, 16), *middle, nn.ReLU(), nn.Linear(16, 4))
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+
+
+def _optimizer(kind: str, params):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    return torch.optim.AdamW(params, lr=0.01)
+
+
+def _train_both(kind: str, steps: int, batch_norm: bool = False, schedule: bool = False):
+    """(cpu model, cpu optimizer, tpu model, tpu optimizer, compiled step, losses per step
+    as (cpu, tpu)) after `steps` steps of the same training on CPU eager and compile_step."""
+    cpu = _mlp(batch_norm)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu_opt, tpu_opt = _optimizer(kind, cpu.parameters()), _optimizer(kind, tpu.parameters())
+    schedulers = []
+    if schedule:  # lr changes every step: a run-time input, no new trace
+        schedulers = [torch.optim.lr_scheduler.StepLR(o, 1, 0.5) for o in (cpu_opt, tpu_opt)]
+    loss_fn = nn.functional.cross_entropy
+    step = torch_tpu.compile_step(tpu, tpu_opt, loss_fn)
+    x, y = _batch()
+    xt, yt = x.to("tpu"), y.to("tpu")
+    losses = []
+    for _ in range(steps):
+        cpu_opt.zero_grad()
+        loss = loss_fn(cpu(x), y)
+        loss.backward()
+        cpu_opt.step()
+        losses.append((loss.item(), step(xt, yt).item()))
+        for s in schedulers:
+            s.step()
+    return cpu, cpu_opt, tpu, tpu_opt, step, losses
+
+
+def _assert_models_equal(cpu: nn.Module, tpu: nn.Module) -> None:
+    for (name, c), t in zip(cpu.state_dict().items(), tpu.state_dict().values()):
+        assert t.device.type == "tpu", name
+        torch.testing.assert_close(t.cpu(), c, msg=name)
+    for c, t in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(t.grad.cpu(), c.grad)
+
+
+@pytest.fixture(scope="module")
+def sgd_run():
+    """SGD with momentum on a model with BatchNorm, lr scheduled: shared by the parity and
+    donation tests (each trace and compile costs seconds)."""
+    return _train_both("sgd", steps=3, batch_norm=True, schedule=True)
+
+
+def _assert_run_matches(run) -> None:
+    cpu, cpu_opt, tpu, tpu_opt, step, losses = run
+    for c, t in losses:
+        assert t == pytest.approx(c, rel=1e-5, abs=1e-6)
+    _assert_models_equal(cpu, tpu)  # BatchNorm's running statistics and counter too
+    for c, t in zip(cpu.parameters(), tpu.parameters()):
+        for name, value in cpu_opt.state[c].items():
+            torch.testing.assert_close(tpu_opt.state[t][name].cpu(), value, msg=name)
+    # a fresh optimizer: one trace creating its state, one with the state as inputs;
+    # the scheduler's new lr each step is a run-time input, not a new trace
+    assert step.traces == 2
+
+
+def test_sgd_with_batch_norm_matches_cpu_and_objects_stay_valid(sgd_run):
+    _assert_run_matches(sgd_run)
+    cpu, _, tpu, tpu_opt, _, _ = sgd_run
+    # the Parameters are the optimizer's objects still, and eval mode reads their values
+    assert all(a is b for a, b in zip(tpu.parameters(), tpu_opt.param_groups[0]["params"]))
+    x, _ = _batch()
+    with torch.no_grad():
+        cpu.eval(), tpu.eval()
+        torch.testing.assert_close(tpu(x.to("tpu")).cpu(), cpu(x))
+        cpu.train(), tpu.train()
+
+
+def test_adamw_matches_cpu():
+    _assert_run_matches(_train_both("adamw", steps=3, schedule=True))
+
+
+def test_donated_parameters_never_show_through_other_references(sgd_run):
+    """compile_step donates the parameter buffers it rewrites: a view or a detached alias
+    sees the new values (as after an in-place update on CPU), and a reference to the old
+    buffer (another storage sharing it, the raw array) keeps the old values."""
+    cpu, cpu_opt, tpu, tpu_opt, step, _ = sgd_run
+    assert _donating_executables()
+    weight = tpu[0].weight
+    view, alias = weight.view(-1), weight.detach()
+    shared = torch.empty(0, device="tpu").set_(  # a second storage sharing the array
+        weight.untyped_storage().clone(), 0, weight.shape, weight.stride()
+    )
+    saved = (weight * weight).sum()  # autograd saved the old weight
+    held = storage_of(tpu[3].weight).value  # a raw reference: must not be donated
+    before_shared, before_held = shared.cpu(), np.array(held)
+    copies = metrics.snapshot().get("compiled_graph_donation_copies", 0)
+    x, y = _batch()
+
+    def both_step():  # CPU in step too: the fixture's models stay comparable
+        cpu_opt.zero_grad()
+        nn.functional.cross_entropy(cpu(x), y).backward()
+        cpu_opt.step()
+        step(x.to("tpu"), y.to("tpu"))
+
+    both_step()
+    torch.testing.assert_close(view.cpu(), cpu[0].weight.detach().reshape(-1))
+    torch.testing.assert_close(alias.cpu(), cpu[0].weight.detach())
+    torch.testing.assert_close(shared.cpu(), before_shared)
+    assert not held.is_deleted()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()  # as on CPU: the step bumped the version counter
+    np.testing.assert_array_equal(np.array(held), before_held)
+    assert metrics.snapshot().get("compiled_graph_donation_copies", 0) == copies + 2
+    # with nothing else holding them, the next step donates without copying
+    del held, shared
+    both_step()
+    assert metrics.snapshot().get("compiled_graph_donation_copies", 0) == copies + 2
+
+
+def test_compiled_optimizer_step_donates_and_matches_cpu():
+    """torch.compile's optimizer graph (an inference graph writing its inputs) donates
+    what it writes; a deep copy taken before the step keeps its values."""
+    cpu = _mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu_opt, tpu_opt = _optimizer("adamw", cpu.parameters()), _optimizer("adamw", tpu.parameters())
+    compiled = torch.compile(lambda: tpu_opt.step(), backend="tpu")
+    x, y = _batch()
+    for _ in range(2):
+        for model, opt, xx, yy, run in ((cpu, cpu_opt, x, y, cpu_opt.step),
+                                         (tpu, tpu_opt, x.to("tpu"), y.to("tpu"), compiled)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xx), yy).backward()
+            snapshot = copy.deepcopy(model[0].weight)
+            before = snapshot.detach().cpu()
+            run()
+            torch.testing.assert_close(snapshot.detach().cpu(), before)
+    _assert_models_equal(cpu, tpu)
+    assert _donating_executables()
+
+
+def _donating_executables() -> int:
+    """How many executables of graphs writing their inputs alias a donated input to an
+    output (XLA's input_output_alias); fails if one of them donates nothing."""
+    from torch_tpu.compile import runtime
+
+    count = 0
+    for graph in list(runtime._LIVE):
+        if graph.written_inputs:
+            for executable, _ in graph.executables.values():
+                assert "input_output_alias" in executable.as_text(), graph.name
+                count += 1
+    return count
+
+
+def test_unsupported_steps_raise_clear_errors():
+    model = _mlp().to("tpu")
+    with pytest.raises(UnsupportedStep, match="supports SGD, Adam, AdamW; got RMSprop"):
+        torch_tpu.compile_step(model, torch.optim.RMSprop(model.parameters()), nn.MSELoss())
+    other = nn.Linear(2, 2).to("tpu")
+    with pytest.raises(UnsupportedStep, match="not in the model"):
+        torch_tpu.compile_step(model, torch.optim.SGD(other.parameters(), lr=0.1), nn.MSELoss())
+    step = torch_tpu.compile_step(model, torch.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss())
+    x = torch.randn(3, 8)
+    with pytest.raises(UnsupportedStep, match="must be on 'tpu'"):
+        step(x, torch.randn(3, 4))
+    with pytest.raises(UnsupportedStep, match="one-element tensor"):
+        torch_tpu.compile_step(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), lambda out, t: out - t
+        )(x.to("tpu"), torch.randn(3, 4).to("tpu"))
+    assert isinstance(UnsupportedStep("x"), RuntimeError)
