@@ -165,7 +165,7 @@ def compile(
     name: str,
     signature: list[tuple] | None = None,
     options: dict | None = None,
-    donate: tuple[int, ...] = (),
+    donate_argnums: tuple[int, ...] = (),
 ) -> Callable:
     """An executable for fn at the avals of example_args, from memory, disk or XLA.
 
@@ -173,11 +173,11 @@ def compile(
     is compiled, for metrics and recompile diagnostics; signature lists the inputs
     as (name, shape, dtype) so that a recompile can say which one changed. options are
     XLA compiler options for this executable, on top of any `compiler_options` block.
-    donate lists the positions of arguments whose buffers the executable may reuse for
+    donate_argnums lists the positions of arguments whose buffers the executable may reuse for
     its results (the caller must no longer need them); it is part of the lowered text.
     """
     options = {**_options, **(options or {})}
-    lowered = jax.jit(fn, donate_argnums=donate).lower(*example_args)
+    lowered = jax.jit(fn, donate_argnums=donate_argnums).lower(*example_args)
     # the argument avals and result tree too: the HLO omits unused arguments, and equal
     # HLO may take its arguments in another structure
     key = _key(f"{lowered.in_avals}\n{lowered.out_tree}\n{lowered.as_text()}", options)

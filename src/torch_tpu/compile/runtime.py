@@ -180,7 +180,7 @@ class CompiledGraph:
             name=self.name,
             signature=self.signature,
             options=self.options,
-            donate=donate,
+            donate_argnums=donate,
         )
 
 
