@@ -134,8 +134,11 @@ def host_read(flat: np.ndarray, view: View) -> np.ndarray:
     a new C-contiguous array of view.shape (it never aliases the device buffer)."""
     itemsize = flat.dtype.itemsize
     strides = tuple(s * itemsize for s in view.strides)
-    seen = np.lib.stride_tricks.as_strided(flat, view.shape, strides, writeable=False)
-    return np.array(seen, order="C", copy=True)
+    # stride raw bytes: numpy's as_strided cannot rebuild ml_dtypes' types (float8_*,
+    # bfloat16) from their array interface
+    raw = flat.view(np.dtype((np.void, itemsize)))
+    seen = np.lib.stride_tricks.as_strided(raw, view.shape, strides, writeable=False)
+    return np.array(seen, order="C", copy=True).view(flat.dtype)
 
 
 def write(flat, view: View, value):
