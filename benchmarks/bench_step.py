@@ -31,9 +31,9 @@ import time
 import jax
 import jax.numpy as jnp
 import torch
+from bench_compile import jax_gpt_loss  # (a script: its own folder is sys.path[0])
 
 import torch_tpu
-from benchmarks.bench_compile import jax_gpt_loss
 from torch_tpu.training import GPT_SIZES, gpt_parts
 
 
