@@ -11,7 +11,7 @@ ops draw consecutive (seed, counter) pairs from `torch_tpu.rng` per call.
 Donation: the storages a graph writes (an optimizer's parameters and moments,
 BatchNorm statistics) are donated to the executable, so XLA writes the new
 values into the old buffers instead of holding two copies. A buffer is donated
-only when its storage is its sole owner (`_donatable`); one referenced
+only when its storage is its sole owner (`engine/donation.held_only_by`); one referenced
 elsewhere (another storage sharing it after a deepcopy, a pending host read, the
 small shared zeros, an array the user took out) is copied first and the copy is
 donated, so every executable of a graph donates the same arguments and nothing
@@ -21,7 +21,6 @@ that still holds the old array ever sees it deleted.
 from __future__ import annotations
 
 import operator
-import sys
 import weakref
 
 import jax
@@ -30,7 +29,7 @@ import numpy as np
 import torch
 
 from .. import cache, metrics, rng
-from ..engine import executor, modes
+from ..engine import donation, executor, modes
 from ..tensor import new_tensor, storage_of, view_of
 from . import interpret
 
@@ -132,7 +131,7 @@ class CompiledGraph:
             entry = self.executables[layouts] = self._compile(layouts, arrays)
         executable, written_slots = entry
         for slot in written_slots:
-            if not _donatable(arrays, slot):
+            if not donation.held_only_by(arrays[slot], 2):  # its storage, this list
                 arrays[slot] = jnp.array(arrays[slot], copy=True)
                 metrics.count("compiled_graph_donation_copies")
         metrics.count("compiled_graph_calls")
@@ -183,14 +182,3 @@ class CompiledGraph:
             donate_argnums=donate,
         )
 
-
-# References to an array that only its storage and the call's argument list hold, as
-# sys.getrefcount sees it from _donatable (its own argument is the third).
-_SOLE_OWNER_REFS = 3
-
-
-def _donatable(arrays: list, slot: int) -> bool:
-    """Whether arrays[slot] may be donated: nothing but its storage (and the argument
-    list) refers to it, so no other storage, view payload, pending host read or user
-    reference can read the buffer once XLA reuses it."""
-    return sys.getrefcount(arrays[slot]) <= _SOLE_OWNER_REFS

@@ -34,20 +34,22 @@ import warnings
 
 from .. import cache
 
-# Holders of a storage's array at the check: the Storage, the call's argument tuple,
-# and getrefcount's own argument (tests/test_donation.py asserts donation happens)
-_SOLE_OWNER_REFS = 3
-
 _DONATING: dict = {}  # _Executable -> its executable with the written storages donated
 cache.on_clear(_DONATING.clear)
 
 
+def held_only_by(array, holders: int) -> bool:
+    """Whether nothing but the caller's `holders` known references (its storage, an
+    argument tuple or leaf list) refers to array: the one donation rule of strict ops,
+    fused segments and compiled graphs (their tests assert that donation happens)."""
+    # + this function's own argument and getrefcount's
+    return sys.getrefcount(array) <= holders + 2
+
+
 def possible(arrays: tuple, written_slots: tuple) -> bool:
-    """True when each written storage's array is held by its storage alone."""
-    for slot in written_slots:
-        if sys.getrefcount(arrays[slot]) > _SOLE_OWNER_REFS:
-            return False
-    return True
+    """True when each written storage's array is held by its storage alone (and the
+    call's argument tuple)."""
+    return all(held_only_by(arrays[slot], 2) for slot in written_slots)
 
 
 class _Donating:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import sys
 import warnings
 import weakref
 
@@ -33,6 +32,7 @@ import jax
 import numpy as np
 
 from .. import cache, env, metrics
+from . import donation
 
 CAP = env.integer("TORCH_TPU_FUSE_CAP", 2048, 1)  # ops per segment before a flush
 # Estimated contraction work (matmuls, convolutions) after which the segment is run at
@@ -200,18 +200,13 @@ def flush(reason: str = "value needed") -> None:
         p.value = value
 
 
-# References to a leaf held by the segment alone, as sys.getrefcount sees it inside
-# _donatable: the leaf list and getrefcount's own argument
-# (tests/test_fused_donation.py asserts that such leaves are donated)
-_SOLE_OWNER_REFS = 2
-
-
 def _donatable(leaves: list) -> tuple[int, ...]:
-    """Indices of the array leaves that nothing outside this segment refers to."""
+    """Indices of the array leaves that nothing outside this segment (its leaf list)
+    refers to."""
     return tuple(
         i
         for i in range(len(leaves))
-        if isinstance(leaves[i], jax.Array) and sys.getrefcount(leaves[i]) <= _SOLE_OWNER_REFS
+        if isinstance(leaves[i], jax.Array) and donation.held_only_by(leaves[i], 1)
     )
 
 
