@@ -283,3 +283,16 @@ def test_complex_gradients_through_conj_views_match_cpu():
     actual = f.to("tpu").requires_grad_()
     torch.compile(fn, backend="tpu")(x.to("tpu"), actual).backward()
     torch.testing.assert_close(actual.grad.cpu(), expected.grad, rtol=1e-5, atol=1e-4)
+
+
+def test_repeated_torch_compile_calls_do_not_grow_dynamos_skip_list():
+    """torch.compile registers the backend at each call; re-adding our modules to
+    Dynamo's skip list each time (each add recompiles its regex over the whole list)
+    made every call slower than the last: 9 s per call in a long test process."""
+    from torch._dynamo import trace_rules
+
+    torch.compile(lambda x: x)
+    before = len(trace_rules.SKIP_DIRS)
+    for _ in range(3):
+        torch.compile(lambda x: x + 1)
+    assert len(trace_rules.SKIP_DIRS) == before

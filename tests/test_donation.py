@@ -52,6 +52,23 @@ def test_inplace_donates_and_old_array_is_gone(mode):
     torch.testing.assert_close(x.cpu(), (a + b) * 2 - 3 * b)
 
 
+def test_donation_survives_a_failed_torch_compile(mode):
+    """After a backend raises, Dynamo leaves a frame hook under which every Python call
+    holds its arguments twice; a reference count read through a function argument then
+    never allowed donation again in the process (CI's first failure of this file)."""
+
+    def failing_backend(gm, example_inputs):
+        raise ValueError("this backend fails on purpose")
+
+    with pytest.raises(Exception, match="fails on purpose"):
+        torch.compile(lambda t: t + 1, backend=failing_backend)(torch.ones(2))
+    torch._dynamo.reset()
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    x, y = a.to("tpu"), b.to("tpu")
+    assert _donated(lambda: x.add_(y)) == 1
+    torch.testing.assert_close(x.cpu(), a + b)
+
+
 def test_array_held_elsewhere_is_not_donated(mode):
     """A holder of the storage's own jax.Array (a user, a kernel that handed it out)
     keeps its value: the reference count forbids donation."""

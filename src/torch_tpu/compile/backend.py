@@ -347,18 +347,34 @@ _NOT_TRACED = ("jax", "jaxlib", "ml_dtypes", "opt_einsum")
 _TRACED_MODULES = ("training",)
 
 
+_skipping = False  # whether _skip_our_internals has run in this process
+
+
 def _skip_our_internals() -> None:
+    """Once per process: each trace_rules.add recompiles Dynamo's skip regex over the
+    whole list, so adding our ~80 modules at every torch.compile call grew the list
+    and made each call slower than the last (9 s per call in a long test process)."""
+    global _skipping
+    if _skipping:
+        return
     from pathlib import Path
 
     from torch._dynamo import trace_rules
 
     import torch_tpu
 
+    _skipping = True
     root = Path(torch_tpu.__file__).parent
-    for path in sorted(root.rglob("*.py")):  # every module (engine/ has no __init__.py)
-        parts = path.relative_to(root).with_suffix("").parts
-        if parts[-1] != "__init__" and parts[0] not in _TRACED_MODULES:
-            trace_rules.add(".".join(("torch_tpu", *parts)))
+    files = [
+        str(path)  # every module (engine/ has no __init__.py, so no package to name)
+        for path in sorted(root.rglob("*.py"))
+        if path.stem != "__init__"
+        and path.relative_to(root).with_suffix("").parts[0] not in _TRACED_MODULES
+    ]
+    # what trace_rules.add(name) does per name, with the regex rebuilt once, not per
+    # module (about a second at the first torch.compile otherwise)
+    trace_rules.SKIP_DIRS.extend(files)
+    trace_rules._recompile_re()
     for package in _NOT_TRACED:
         trace_rules.add(package)
 

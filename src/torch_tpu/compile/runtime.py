@@ -131,7 +131,7 @@ class CompiledGraph:
             entry = self.executables[layouts] = self._compile(layouts, arrays)
         executable, written_slots = entry
         for slot in written_slots:
-            if not donation.held_only_by(arrays[slot], 2):  # its storage, this list
+            if not donation.held_only_by(arrays, slot, 2):  # its storage, this list
                 arrays[slot] = jnp.array(arrays[slot], copy=True)
                 metrics.count("compiled_graph_donation_copies")
         metrics.count("compiled_graph_calls")

@@ -38,18 +38,21 @@ _DONATING: dict = {}  # _Executable -> its executable with the written storages 
 cache.on_clear(_DONATING.clear)
 
 
-def held_only_by(array, holders: int) -> bool:
+def held_only_by(container, index: int, holders: int) -> bool:
     """Whether nothing but the caller's `holders` known references (its storage, an
-    argument tuple or leaf list) refers to array: the one donation rule of strict ops,
-    fused segments and compiled graphs (their tests assert that donation happens)."""
-    # + this function's own argument and getrefcount's
-    return sys.getrefcount(array) <= holders + 2
+    argument tuple or leaf list) refers to container[index]: the one donation rule of
+    strict ops, fused segments and compiled graphs (their tests assert that donation
+    happens). The element is read and counted here, never passed to a Python function:
+    an argument's count depends on how the interpreter made the call (after a failed
+    torch.compile, Dynamo leaves a frame hook that makes every call hold its arguments
+    twice, and nothing would ever be donated)."""
+    return sys.getrefcount(container[index]) <= holders + 1  # + getrefcount's argument
 
 
 def possible(arrays: tuple, written_slots: tuple) -> bool:
     """True when each written storage's array is held by its storage alone (and the
     call's argument tuple)."""
-    return all(held_only_by(arrays[slot], 2) for slot in written_slots)
+    return all(held_only_by(arrays, slot, 2) for slot in written_slots)
 
 
 class _Donating:

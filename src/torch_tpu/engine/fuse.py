@@ -206,7 +206,7 @@ def _donatable(leaves: list) -> tuple[int, ...]:
     return tuple(
         i
         for i in range(len(leaves))
-        if isinstance(leaves[i], jax.Array) and donation.held_only_by(leaves[i], 1)
+        if isinstance(leaves[i], jax.Array) and donation.held_only_by(leaves, i, 1)
     )
 
 
