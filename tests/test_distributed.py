@@ -231,8 +231,9 @@ def test_ddp_example_under_torchrun():
 def test_compiled_graphs_with_functional_collectives_match_eager(tmp_path):
     """torch.compile graphs holding funcol collectives (compute -> all_reduce -> compute, a
     mix of five collectives, a backward through all_reduce, a DDP-like gradient average
-    plus SGD step) give eager's values on the same ranks, and metrics show each graph ran
-    as compiled segments with the collectives between them, none op by op."""
+    plus SGD step, a DTensor column/row-parallel MLP) give eager's values on the same
+    ranks, and metrics show each graph ran as compiled segments with the collectives
+    between them, none op by op."""
     results = launch("compile", 2, tmp_path)
     assert_ok(
         results,
@@ -241,6 +242,7 @@ def test_compiled_graphs_with_functional_collectives_match_eager(tmp_path):
             "compiled_collective_mix",
             "compiled_backward_through_all_reduce",
             "compiled_ddp_like_training_step",
+            "compiled_tensor_parallel_block",
         ],
     )
 

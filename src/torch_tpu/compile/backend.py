@@ -145,7 +145,12 @@ def _compile_graph(gm: torch.fx.GraphModule, name: str, names, options):
         for node in placeholders:  # tensors, or sizes (ints, no fake value) once specialised
             value = node.meta.get("val")
             if value is not None and not isinstance(value, (torch.Tensor, int)):
-                raise interpret.Unsupported(f"input {node.name} of type {type(value).__name__}")
+                # an opaque object (a DTensor's DeviceMesh) that the graph only hands on
+                # to its outputs, as AOTAutograd does to rebuild DTensors, passes through
+                if any(user.op != "output" for user in node.users):
+                    raise interpret.Unsupported(
+                        f"input {node.name} of type {type(value).__name__}"
+                    )
         if split.has_collectives(gm.graph):  # compiled segments between the collectives
             return split.SegmentedGraph(gm, name, options)
         interpret.check_supported(gm.graph)

@@ -196,6 +196,10 @@ def input_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
 
 _COPY_ = torch.ops.aten.copy_.default
 
+# the layout of an input that is neither tensor nor size (a DTensor's DeviceMesh): no
+# op of the program reads it, the runtime returns the object itself where it is output
+OPAQUE = "opaque"
+
 
 def input_writes(graph: torch.fx.Graph) -> list[tuple[int, torch.fx.Node]]:
     """(input index, new value node) per `copy_` into a graph input: the input mutations

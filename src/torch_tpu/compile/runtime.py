@@ -109,7 +109,9 @@ class CompiledGraph:
         storages, slots, layouts, host = [], {}, [], {}
         for k, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor):
-                layouts.append(int(t))  # a size input: the executable is specialised on it
+                # a size input: the executable is specialised on it; an opaque object
+                # (a DeviceMesh) only passes through to the outputs (backend.py checks)
+                layouts.append(int(t) if isinstance(t, int) else interpret.OPAQUE)
                 continue
             if t.device.type != executor.DEVICE_TYPE:  # a CPU scalar (an optimizer's step)
                 host[k] = t
