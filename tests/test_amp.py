@@ -376,10 +376,18 @@ def _relative(tpu: list, cpu: list) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(tpu, cpu))
 
 
-@pytest.mark.usefixtures("eager_mode")
+# Whole training runs in strict and fused mode. Debug mode runs strict's executables one
+# at a time, blocking, with value checks: the op-level tests above run it, and the full
+# suite (-m slow too) trains in it.
+_TRAINING_MODES = pytest.mark.parametrize(
+    "eager_mode", ["strict", "fused", pytest.param("debug", marks=pytest.mark.slow)], indirect=True
+)
+
+
+@_TRAINING_MODES
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 @pytest.mark.parametrize("model", ["mlp", "cnn", "gpt"])
-def test_bf16_training_matches_cpu_autocast(model, optimizer):
+def test_bf16_training_matches_cpu_autocast(model, optimizer, eager_mode):
     cpu, _ = amp_losses(model, "cpu", torch.bfloat16, optimizer)
     torch_tpu.metrics.reset()
     tpu, _ = amp_losses(model, "tpu", torch.bfloat16, optimizer)
@@ -388,9 +396,9 @@ def test_bf16_training_matches_cpu_autocast(model, optimizer):
     assert not torch_tpu.metrics.snapshot()["fallback_ops"], "autocast training fell back"
 
 
-@pytest.mark.usefixtures("eager_mode")
+@_TRAINING_MODES
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
-def test_fp16_training_with_grad_scaler_matches_cpu(model):
+def test_fp16_training_with_grad_scaler_matches_cpu(model, eager_mode):
     cpu, cpu_scale = amp_losses(model, "cpu", torch.float16, "adamw", scaled=True)
     torch_tpu.metrics.reset()
     tpu, tpu_scale = amp_losses(model, "tpu", torch.float16, "adamw", scaled=True)

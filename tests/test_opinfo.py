@@ -1,8 +1,8 @@
 """PyTorch's own OpInfo samples, run on tpu and compared with CPU.
 
 CI runs a fixed subset (CI_ENTRIES, chosen to touch every op family) with
-float32 forward, bfloat16 and int64 forward where supported, and float32
-gradients; the full sweep of all 700 entries is `python -m torch_tpu
+float32 forward and gradients in every eager mode, bfloat16 and int64 forward
+(where supported) in strict mode; the full sweep of all 700 entries is `python -m torch_tpu
 opinfo-report` (see README). Cells listed in opinfo_known_failures.json must
 still fail — a listed failure that starts passing fails here too, so the list
 only shrinks — and every other cell must pass.
@@ -16,7 +16,7 @@ import torch
 
 from torch_tpu.testing import opinfo
 
-# Every cell runs in debug, strict and fused eager mode (conftest.eager_mode). The modes
+# A cell runs in the eager modes _MODES_PER_CELL names (below). The modes
 # give the same answers except where XLA fuses across ops and rounds differently; such
 # entries are listed as "<mode>:<entry>|<cell>".
 
@@ -60,6 +60,13 @@ CI_ENTRIES = [
     "nn.functional.interpolate.nearest", "nn.functional.scaled_dot_product_attention",
 ]  # fmt: skip
 _DTYPE_CELLS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
+# Which eager modes run a cell. The modes run the same lowering; they differ in how ops
+# are grouped and checked (fusion can round differently, debug checks values and
+# blocks), which float32 forward and gradient cells exercise in all three. A bfloat16
+# or int64 cell tests the lowering's dtype handling, the same code in every mode, so CI
+# runs it in strict mode only (the full sweep, opinfo-report, runs every mode).
+_ALL_MODES = ("debug", "strict", "fused")
+_MODES_PER_CELL = {"float32": _ALL_MODES, "grad_float32": _ALL_MODES}
 
 
 def _cells():
@@ -67,15 +74,21 @@ def _cells():
     for name in CI_ENTRIES:
         op = by_name[name]
         supported = op.supported_dtypes("cpu")
-        for cell, dtype in _DTYPE_CELLS.items():
-            if dtype in supported:
-                yield pytest.param(op, cell, id=f"{name}|{cell}")
+        cells = [cell for cell, dtype in _DTYPE_CELLS.items() if dtype in supported]
         if op.supports_autograd and torch.float32 in supported:
-            yield pytest.param(op, "grad_float32", id=f"{name}|grad_float32")
+            cells.append("grad_float32")
+        for cell in cells:
+            for mode in _MODES_PER_CELL.get(cell, ("strict",)):
+                yield pytest.param(op, cell, mode, id=f"{mode}-{name}|{cell}")
 
 
-@pytest.mark.parametrize(("op", "cell"), list(_cells()))
+@pytest.mark.parametrize(("op", "cell", "eager_mode"), list(_cells()))
 def test_opinfo_subset(op, cell, eager_mode):
+    with torch.tpu.set_eager_mode(eager_mode):
+        _check_cell(op, cell, eager_mode)
+
+
+def _check_cell(op, cell: str, eager_mode: str) -> None:
     key = f"{opinfo.entry_name(op)}|{cell}"
     if f"{eager_mode}:{key}" in KNOWN_FAILURES:  # an entry for one mode only
         key = f"{eager_mode}:{key}"

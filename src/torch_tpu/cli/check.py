@@ -373,6 +373,8 @@ def run(
                 kind, target, script_args, device, mode, steps, timeout
             )
             progress.remove_task(task)
+            if "error" in results["cpu"][0]:
+                break  # nothing to compare with: no tpu run (a hang would cost each one)
     cpu, cpu_out = results.pop("cpu")
     if "error" in cpu:
         e = cpu["error"]
