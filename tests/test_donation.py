@@ -53,9 +53,9 @@ def test_inplace_donates_and_old_array_is_gone(mode):
 
 
 def test_donation_survives_a_failed_torch_compile(mode):
-    """After a backend raises, Dynamo leaves a frame hook under which every Python call
-    holds its arguments twice; a reference count read through a function argument then
-    never allowed donation again in the process (CI's first failure of this file)."""
+    """After a backend raises, every Python call in the process holds its arguments once
+    more (Dynamo's frame hook, presumably, left in place); a reference count read through
+    a function argument then never allowed donation again (CI's failures of this file)."""
 
     def failing_backend(gm, example_inputs):
         raise ValueError("this backend fails on purpose")

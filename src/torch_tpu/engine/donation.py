@@ -43,9 +43,10 @@ def held_only_by(container, index: int, holders: int) -> bool:
     argument tuple or leaf list) refers to container[index]: the one donation rule of
     strict ops, fused segments and compiled graphs (their tests assert that donation
     happens). The element is read and counted here, never passed to a Python function:
-    an argument's count depends on how the interpreter made the call (after a failed
-    torch.compile, Dynamo leaves a frame hook that makes every call hold its arguments
-    twice, and nothing would ever be donated)."""
+    an argument's count depends on how the interpreter made the call. After a failed
+    torch.compile (torch 2.13, Python 3.11) every Python call holds its arguments once
+    more, Dynamo's frame-evaluation hook presumably left in place, and a count read
+    through an argument never allowed donation again in that process."""
     return sys.getrefcount(container[index]) <= holders + 1  # + getrefcount's argument
 
 
