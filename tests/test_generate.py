@@ -7,12 +7,14 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import sys
+import weakref
 
 import pytest
 import torch
 
 from torch_tpu import metrics
 from torch_tpu.bucketing import pad_sequences
+from torch_tpu.tensor import storage_of
 
 _EXAMPLE = pathlib.Path(__file__).parents[1] / "examples" / "generate.py"
 _spec = importlib.util.spec_from_file_location("generate_example", _EXAMPLE)
@@ -53,6 +55,35 @@ def test_compiled_decode_loop_matches_cpu_and_compiles_nothing_after_warmup():
     with torch.no_grad():
         counts = _run_rounds(example.compiled_step(8), cpu, tpu, [[3, 6], [5, 2]], 3)
     assert counts[0] and counts[1] == 0, counts
+
+
+def test_compiled_decode_step_writes_the_kv_cache_in_place():
+    """index_copy_ into the static cache is an input mutation of the compiled decode
+    graph: each cache buffer is donated (XLA writes the step's keys and values into it),
+    never copied, so the cache is not held twice; its contents equal CPU's."""
+    model_cpu, model = _models(_SMALL)
+    step_fn = example.compiled_step(8)
+    batch, max_len = 2, 16
+    caches = {d: m.new_cache(batch, max_len, d) for d, m in (("cpu", model_cpu), ("tpu", model))}
+
+    def decode(device, pos: int):
+        fn, m = (example.step, model_cpu) if device == "cpu" else (step_fn, model)
+        ids = torch.tensor([[1], [2]])
+        args = (ids, torch.tensor([pos]), torch.tensor([[pos], [pos]]))
+        valid, last = torch.ones(batch, max_len, dtype=torch.bool), torch.zeros(1, dtype=torch.long)
+        return fn(m, *(t.to(device) for t in (*args, valid, last)), *caches[device])
+
+    with torch.no_grad():
+        for device in ("cpu", "tpu"):
+            decode(device, 0)  # the first step compiles (and copies the shared zeros)
+        old = [weakref.ref(storage_of(c).array()) for c in caches["tpu"]]
+        copies = metrics.snapshot().get("compiled_graph_donation_copies", 0)
+        for device in ("cpu", "tpu"):
+            decode(device, 1)
+    assert metrics.snapshot().get("compiled_graph_donation_copies", 0) == copies
+    assert all(ref() is None or ref().is_deleted() for ref in old), "a cache buffer was kept"
+    for got, want in zip(caches["tpu"], caches["cpu"]):
+        torch.testing.assert_close(got.cpu(), want)
 
 
 @pytest.mark.slow  # 28 generate calls and four buckets (~2 min); the CI test runs two
