@@ -313,7 +313,12 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--bf16", action="store_true", help="bf16 params, fp32 reductions")
-    parser.add_argument("--compile", action="store_true", help="torch.compile each block")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile each block (with tp > 1 PyTorch's compiled blocks give the "
+        "embedding no gradient, on CPU too: --check then differs, see docs/distributed.md)",
+    )
     parser.add_argument("--no-ac", action="store_true", help="no activation checkpointing")
     parser.add_argument("--ckpt", default="/tmp/titan_ckpt")
     parser.add_argument("--save-at", type=int)
