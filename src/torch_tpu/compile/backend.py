@@ -352,23 +352,17 @@ _NOT_TRACED = ("jax", "jaxlib", "ml_dtypes", "opt_einsum")
 _TRACED_MODULES = ("training",)
 
 
-_skipping = False  # whether _skip_our_internals has run in this process
-
-
+@functools.cache
 def _skip_our_internals() -> None:
     """Once per process: each trace_rules.add recompiles Dynamo's skip regex over the
     whole list, so adding our ~80 modules at every torch.compile call grew the list
     and made each call slower than the last (9 s per call in a long test process)."""
-    global _skipping
-    if _skipping:
-        return
     from pathlib import Path
 
     from torch._dynamo import trace_rules
 
     import torch_tpu
 
-    _skipping = True
     root = Path(torch_tpu.__file__).parent
     files = [
         str(path)  # every module (engine/ has no __init__.py, so no package to name)

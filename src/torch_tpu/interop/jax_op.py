@@ -487,15 +487,7 @@ def autograd_rule(definition: _Definition, vjp_op) -> tuple[Callable, Callable]:
 
     def backward(ctx, *grads):
         leaves = list(ctx.saved_tensors)
-        values = []
-        it = iter(leaves)
-        for p, v, n, present in zip(sig.params, ctx.values, ctx.lengths, ctx.present):
-            if p.kind == _TENSORS:
-                values.append([next(it) for _ in range(n)])
-            elif p.kind != _STATIC and present:
-                values.append(next(it))
-            else:
-                values.append(v)
+        values = _regroup(sig, ctx.lengths, ctx.present, leaves, ctx.values)
         if sig.returns == ("Tensor[]",):
             grads = tuple(grads[0])
         cotangents = [
@@ -507,18 +499,25 @@ def autograd_rule(definition: _Definition, vjp_op) -> tuple[Callable, Callable]:
         flat = vjp_op(*positional, cotangents, **keyword)
         flat = [g if x.is_floating_point() or x.is_complex() else None
                 for g, x in zip(flat, leaves)]
-        it = iter(flat)
-        out = []
-        for p, n, present in zip(sig.params, ctx.lengths, ctx.present):
-            if p.kind == _TENSORS:
-                out.append([next(it) for _ in range(n)])
-            elif p.kind != _STATIC and present:
-                out.append(next(it))
-            else:
-                out.append(None)
+        out = _regroup(sig, ctx.lengths, ctx.present, flat, [None] * len(sig.params))
         return tuple(out) if len(out) > 1 else out[0]
 
     return backward, setup_context
+
+
+def _regroup(sig: _Signature, lengths: list, present: list, flat: list, others: list) -> list:
+    """Per parameter: its tensors taken in order from flat (a list for Tensor[]), or, for
+    a static or absent one, its entry of others."""
+    it = iter(flat)
+    out = []
+    for p, n, there, other in zip(sig.params, lengths, present, others):
+        if p.kind == _TENSORS:
+            out.append([next(it) for _ in range(n)])
+        elif p.kind != _STATIC and there:
+            out.append(next(it))
+        else:
+            out.append(other)
+    return out
 
 
 def _wants_keywords(sig: _Signature) -> bool:
