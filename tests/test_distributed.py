@@ -118,6 +118,8 @@ COLLECTIVES = [
     "barrier_and_objects",
     "mismatched_shapes_raise_then_group_works",
     "mismatched_dtypes_raise",
+    "collectives_on_both_sides_of_the_envelope",
+    "mismatch_across_the_envelope_raises_then_group_works",
     "wrong_device_raises",
     "functional_collectives",
     "dtensor",

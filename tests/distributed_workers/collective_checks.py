@@ -212,6 +212,49 @@ def run(check, rank: int, world: int) -> None:
         except dist.DistBackendError as e:
             assert "int32[4]" in str(e) and "float32[4]" in str(e), e
 
+    # Calls whose inputs fit programs.ENVELOPE_BYTES travel with their signature in one
+    # all-gather; larger ones run a second, guarded collective. These cross the line.
+    @check("collectives_on_both_sides_of_the_envelope")
+    def _():
+        from torch_tpu.distributed import programs
+
+        fits = (programs.ENVELOPE_BYTES - 8) // 4  # float32 values beside the signature
+        for n in (fits, fits + 1, 4 * fits):
+            values = [_data(r, (world * n,)) for r in range(world)]
+            x = values[rank].to("tpu")
+            dist.all_reduce(x)
+            _same(x, sum(values), msg=f"all_reduce of {n * world}")
+            x = values[rank][:n].to("tpu")
+            dist.all_reduce(x, dist.ReduceOp.MAX)
+            _same(x, torch.stack([v[:n] for v in values]).amax(0), msg=f"max of {n}")
+            out = torch.empty(world * n).to("tpu")
+            dist.all_gather_into_tensor(out, values[rank][:n].to("tpu"))
+            _same(out, torch.cat([v[:n] for v in values]), msg=f"all_gather of {n}")
+            out = torch.empty(n).to("tpu")
+            dist.reduce_scatter_tensor(out, values[rank].to("tpu"))
+            _same(out, sum(values)[rank * n : (rank + 1) * n], msg=f"reduce_scatter {n}")
+            x = values[rank][:n].to("tpu")
+            dist.broadcast(x, world - 1)
+            _same(x, values[world - 1][:n], msg=f"broadcast of {n}")
+            flags = [_data(r, (n,), torch.bool) for r in range(world)]
+            x = flags[rank].to("tpu")
+            dist.all_reduce(x, dist.ReduceOp.MAX)
+            _same(x, torch.stack(flags).any(0), msg=f"bool max of {n}")
+
+    @check("mismatch_across_the_envelope_raises_then_group_works")
+    def _():
+        from torch_tpu.distributed import programs
+
+        n = 3 if rank == 0 else programs.ENVELOPE_BYTES  # one fits, the other does not
+        try:
+            dist.all_reduce(torch.ones(n).to("tpu"))
+            raise AssertionError("mismatched sizes did not raise")
+        except dist.DistBackendError as e:
+            assert "mismatched" in str(e) and "float32[3]" in str(e), e
+        x = mine.to("tpu")
+        dist.all_reduce(x)
+        _same(x, sum(everyone))
+
     @check("wrong_device_raises")
     def _():
         try:
