@@ -5,6 +5,8 @@ rank r contributes `_data(r, shape)`."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -254,6 +256,33 @@ def run(check, rank: int, world: int) -> None:
         x = mine.to("tpu")
         dist.all_reduce(x)
         _same(x, sum(everyone))
+
+    @check("async_collectives_do_not_wait_for_late_peers")
+    def _():
+        x = mine.to("tpu")
+        dist.barrier()
+        if rank == world - 1:
+            time.sleep(2)  # the others issue theirs while this rank is away
+        start = time.monotonic()
+        work = dist.all_reduce(x, async_op=True)
+        issued = time.monotonic() - start
+        work.wait()
+        _same(x, sum(everyone))
+        if rank != world - 1:
+            assert issued < 1.0, f"async all_reduce waited {issued:.2f} s for the late rank"
+
+    @check("collectives_on_one_tensor_keep_their_order")
+    def _():
+        x = mine.to("tpu")
+        first = dist.all_reduce(x, async_op=True)
+        second = dist.all_reduce(x, async_op=True)  # reads the first's result
+        out = torch.empty(world * 12).to("tpu")
+        third = dist.all_gather_into_tensor(out, x.reshape(-1), async_op=True)
+        third.wait()
+        second.wait()
+        first.wait()
+        _same(x, world * sum(everyone))
+        _same(out, torch.cat([world * sum(everyone).reshape(-1)] * world))
 
     @check("wrong_device_raises")
     def _():

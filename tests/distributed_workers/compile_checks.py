@@ -90,7 +90,8 @@ def run(check, rank: int, world: int) -> None:
         )
         assert counts["compiled_graph_collectives"] == 5, counts
         # x*2, exp, x+1 | all_gather, reduce_scatter, all_reduce, all_to_all | sin ...
-        # | broadcast | +1: three segments
+        # | broadcast | +1: three segments (light compute is not held back to overlap
+        # a collective; see split._heavy)
         assert counts["compiled_graph_calls"] == 3, counts
         full = torch.cat(everyone)
         _close(eager[0], torch.cat([2 * e for e in everyone], 1).sum(1))
@@ -150,6 +151,25 @@ def run(check, rank: int, world: int) -> None:
         counts = _counted(lambda: _matches_on_every_rank(train(compiled=True), eager, world))
         # one all_reduce per parameter and step, inside the compiled step
         assert counts["compiled_graph_collectives"] == 3 * 4, counts
+
+    @check("compute_written_after_a_collective_runs_while_it_is_in_flight")
+    def _():
+        def f(x, w):
+            first = funcol.all_reduce(torch.tanh(x @ w), "sum", group)
+            second = funcol.all_reduce(torch.sin(x @ (w * 2)), "sum", group)  # independent
+            return first + second
+
+        x, w = everyone[rank].to("tpu"), weight.to("tpu")
+        eager = f(x, w)
+        compiled = torch.compile(f, backend="tpu")
+        counts = _counted(lambda: _close(compiled(x, w), eager))
+        # x@w, tanh | first issued | x@(2w), sin | second issued | add: the second
+        # matmul runs while the first all_reduce is in flight, not before it (which
+        # would be 2 segments, both all_reduces issued after both matmuls)
+        assert counts["compiled_graph_calls"] == 3, counts
+        assert counts["compiled_graph_collectives"] == 2, counts
+        expected = sum(torch.tanh(e @ weight) + torch.sin(e @ (weight * 2)) for e in everyone)
+        _close(eager, expected)
 
     @check("compiled_tensor_parallel_block")
     def _():

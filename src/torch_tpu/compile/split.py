@@ -9,13 +9,14 @@ through `torch_tpu.cache`), and the collectives run between segments on the
 segments' tpu tensors through their eager tpu kernels (`functional.py`), so a
 collective compiled or not is the same code.
 
-Schedule. Each compute node goes into the earliest segment its inputs allow,
-and each collective runs at the earliest boundary between segments its inputs
-allow, so the number of segments is the longest chain of dependent
-collectives plus one. At a boundary every collective is issued in graph order,
-then the boundary's `wait_tensor`s wait (a wait returns its input), so the
-collectives of one boundary are in flight together and all are complete
-before the next segment reads them. Views of graph inputs and factories are
+Schedule. Each collective is issued at the earliest boundary between segments
+its inputs allow, and each compute node goes into the earliest segment its
+inputs allow but never before a collective that precedes it in graph order:
+compute the program wrote after a collective runs while that collective is
+in flight (issuing does not wait, `distributed/work.py`). A `wait_tensor`
+waits only when a later step first reads its value (a wait returns its
+input), so a collective overlaps every segment that does not need it; any
+wait nothing read is done at the end of the call. Views of graph inputs and factories are
 repeated in every segment that uses them rather than carried between
 segments (a carried value is a materialised copy). Input mutations (`copy_`
 into an input) go into the last segment, after every read of the old value.
@@ -55,13 +56,17 @@ def has_collectives(graph: torch.fx.Graph) -> bool:
 
 class _Plan:
     """Which segment each compute node runs in and at which boundary each collective
-    runs (boundary b comes before segment b); `free` nodes run wherever they are used."""
+    runs (boundary b comes before segment b); `free` nodes run wherever they are used.
+    `part` splits each segment k in two: 2k, what runs while the collectives it does
+    not read are in flight, then 2k + 1, from the first read of a collective's result
+    that was not waited for before segment k."""
 
     def __init__(self, graph: torch.fx.Graph) -> None:
         self.segment: dict[torch.fx.Node, int] = {}
         self.boundary: dict[torch.fx.Node, int] = {}
         self.free: set[torch.fx.Node] = set()
         mutations = []
+        issued = 0  # the latest boundary of a collective seen so far in graph order
         for node in graph.nodes:
             if node.op != "call_function":
                 continue
@@ -72,17 +77,49 @@ class _Plan:
                 node.target is operator.getitem and inputs[0] in self.boundary
             ):
                 self.boundary[node] = max((self._usable_at_boundary(n) for n in inputs), default=0)
+                if node.target is not _WAIT:
+                    issued = max(issued, self.boundary[node])
             elif node.target is _COPY_ and inputs[0].op in _SOURCES:
                 mutations.append(node)
             elif self._is_free(node):
                 self.free.add(node)
             else:
-                self.segment[node] = max((self._usable_in_segment(n) for n in inputs), default=0)
+                earliest = max((self._usable_in_segment(n) for n in inputs), default=0)
+                self.segment[node] = max(earliest, issued) if _heavy(node) else earliest
         last = max((*self.segment.values(), *self.boundary.values()), default=0)
+        self.part = self._parts(graph)
         for node in mutations:  # after every read of the input's old value
             self.segment[node] = last
+            self.part[node] = 2 * last + 1
         self.n_segments = 1 + max(self.segment.values(), default=-1)
         self.n_boundaries = 1 + max(self.boundary.values(), default=-1)
+
+    def _parts(self, graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
+        waited_by: dict[torch.fx.Node, int] = {}  # wait -> the segment it is done before
+        for node in graph.nodes:
+            if node in self.boundary:  # a collective reading a wait waits when issued
+                before = self.boundary[node]
+            elif node in self.segment:  # a segment, just before it runs
+                before = self.segment[node] + 1
+            else:
+                continue
+            for n in node.all_input_nodes:
+                if n.target is _WAIT:
+                    waited_by[n] = min(waited_by.get(n, before), before)
+        part: dict[torch.fx.Node, int] = {}
+        for node in graph.nodes:
+            if node in self.segment:
+                k = self.segment[node]
+                late = any(
+                    (n.target is _WAIT and waited_by[n] > k) or part.get(n) == 2 * k + 1
+                    for n in node.all_input_nodes
+                )
+                part[node] = 2 * k + late
+        for k in {self.segment[n] for n in part}:  # light work is not worth an executable
+            early = [n for n in part if part[n] == 2 * k]
+            if not any(map(_heavy, early)):
+                part.update(dict.fromkeys(early, 2 * k + 1))
+        return part
 
     def _is_free(self, node: torch.fx.Node) -> bool:
         """A view of graph inputs, or a node without tensor inputs (a factory): cheaper
@@ -131,14 +168,16 @@ class SegmentedGraph:
             collectives = [n for n in gm.graph.nodes if plan.boundary.get(n) == k]
             if collectives:
                 self.steps.append(_Boundary(collectives))
-            nodes = [n for n in gm.graph.nodes if plan.segment.get(n) == k]
-            outs = [n for n in nodes if consumers[n] - {k}]
-            if nodes and (outs or any(n.target is _COPY_ for n in nodes)):
-                segment, ins = _segment_module(gm, nodes, plan.free, outs)
-                interpret.check_supported(segment.graph)
-                compiled = CompiledGraph(segment, f"{name}[{k}]", None, options)
-                self.steps.append(_Segment(compiled, ins, outs))
+            for p, label in ((2 * k, f"{k}"), (2 * k + 1, f"{k}+")):
+                nodes = [n for n in gm.graph.nodes if plan.part.get(n) == p]
+                outs = [n for n in nodes if consumers[n] - {p}]
+                if nodes and (outs or any(n.target is _COPY_ for n in nodes)):
+                    segment, ins = _segment_module(gm, nodes, plan.free, outs)
+                    interpret.check_supported(segment.graph)
+                    compiled = CompiledGraph(segment, f"{name}[{label}]", None, options)
+                    self.steps.append(_Segment(compiled, ins, outs))
         self.free = plan.free
+        self._waits = [n for n in gm.graph.nodes if n.target is _WAIT]
         self._release = self._last_uses()
 
     @staticmethod
@@ -149,8 +188,8 @@ class SegmentedGraph:
         for node in graph.nodes:
             if node.op == "output":
                 where = "outside"
-            elif node in plan.segment:
-                where = plan.segment[node]
+            elif node in plan.part:
+                where = plan.part[node]
             elif node in plan.free:
                 continue  # a free node's inputs are graph inputs or free nodes
             else:
@@ -165,8 +204,8 @@ class SegmentedGraph:
         for index, step in enumerate(self.steps):
             if isinstance(step, _Segment):
                 nodes = step.inputs
-            else:
-                nodes = [n for node in step.collectives for n in node.all_input_nodes]
+            else:  # (a wait reads its collective where its own value is read)
+                nodes = [n for c in _issued(step.collectives) for n in c.all_input_nodes]
             for node in self._with_sources(nodes):
                 last[node] = index
         outputs = [n.args[0] if n.target is _COPY_ else n for n in self.outputs if _is_node(n)]
@@ -188,6 +227,9 @@ class SegmentedGraph:
                 env.update(zip(step.outputs, values))
             for node in self._release[index]:
                 env.pop(node, None)
+        for node in self._waits:  # a wait nothing read still reports a failed collective
+            if node not in env and node.args[0] in env:
+                self._value(node, env)
         out = []
         for item in self.outputs:
             if _is_node(item) and item.target is _COPY_:
@@ -196,26 +238,25 @@ class SegmentedGraph:
         return out
 
     def _collectives(self, nodes: list[torch.fx.Node], env: dict) -> None:
-        """Issue the boundary's collectives in graph order, then wait for them."""
-        waits = []
-        for node in nodes:
-            if node.target is _WAIT:
-                env[node] = self._value(node.args[0], env)  # wait_tensor returns its input
-                waits.append(env[node])
-                continue
+        """Issue the boundary's collectives in graph order; their waits come later."""
+        for node in _issued(nodes):
             args, kwargs = map_arg((node.args, node.kwargs), lambda n: self._value(n, env))
             if is_collective(node):
                 metrics.count("compiled_graph_collectives")
             env[node] = node.target(*args, **kwargs)
-        for tensor in waits:
-            torch.ops._c10d_functional.wait_tensor(tensor)
 
     def _value(self, node: torch.fx.Node, env: dict):
-        """A node's value; a free node or constant outside segments is computed eagerly."""
+        """A node's value; a free node or constant outside segments is computed eagerly,
+        a wait waits when its value is first read."""
         if node in env:
             return env[node]
         if node.op == "get_attr":
             return operator.attrgetter(node.target)(self.gm)
+        if node.target is _WAIT:
+            value = env[node] = torch.ops._c10d_functional.wait_tensor(
+                self._value(node.args[0], env)
+            )
+            return value
         if node in self.free:
             args, kwargs = map_arg((node.args, node.kwargs), lambda n: self._value(n, env))
             value = env[node] = node.target(*args, **kwargs)
@@ -228,9 +269,33 @@ class SegmentedGraph:
         while stack:
             node = stack.pop()
             out.append(node)
-            if node in self.free:
+            if node in self.free or node.target is _WAIT:
                 stack.extend(node.all_input_nodes)
         return out
+
+
+# Compute that may wait for a collective's issue to overlap it: a matrix product, a
+# convolution, or any op with a large output. Light work (a few small elementwise
+# ops) is cheaper run earlier than as an executable of its own.
+_MATMULS = frozenset({"mm", "bmm", "addmm", "baddbmm", "convolution", "_convolution"})
+_LARGE = 1 << 16  # elements
+
+
+def _heavy(node: torch.fx.Node) -> bool:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        if target._schema.name.split("::")[-1] in _MATMULS:
+            return True
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return False
+    numel = value.numel()
+    return isinstance(numel, int) and numel >= _LARGE  # (a symbolic size counts as light)
+
+
+def _issued(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
+    """A boundary's nodes run when it is reached: all but the waits."""
+    return [n for n in nodes if n.target is not _WAIT]
 
 
 def _is_node(item) -> bool:

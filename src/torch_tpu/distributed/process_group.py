@@ -14,7 +14,6 @@ the group's global ranks.
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime
 
 import jax
@@ -25,7 +24,7 @@ from torch._C._distributed_c10d import ProcessGroup
 
 from . import programs, runtime
 from .tensors import check_device, describe, flat_value, write
-from .work import CollectiveError, TpuWork, peer_failure, timed_out
+from .work import CollectiveError, Launch, TpuWork, settle
 
 _OPS = {
     "SUM": "sum",
@@ -48,16 +47,6 @@ def reduce_op_name(op) -> str:
     if name not in _OPS:
         raise ValueError(f"tpu_dist does not support the reduce op {name}")
     return _OPS[name]
-
-
-class _Launch:
-    """A dispatched collective's handles: its output blocks and its signature check."""
-
-    __slots__ = ("outputs", "check")
-
-    def __init__(self, outputs, check) -> None:
-        self.outputs = outputs
-        self.check = check
 
 
 class TpuProcessGroup(ProcessGroup):
@@ -96,28 +85,36 @@ class TpuProcessGroup(ProcessGroup):
 
     # ---------------------------------------------------------------- plumbing
 
-    def launch(self, kind: str, params: tuple, blocks: list, described: str, ranks=None):
+    def launch(
+        self,
+        kind: str,
+        params: tuple,
+        blocks: list,
+        described: str,
+        writes: list[torch.Tensor] = (),
+        deliver=None,
+        ranks=None,
+    ) -> Launch:
         """Dispatch one collective over the group (or over `ranks`, a subset in group
-        order); returns its output blocks and a pending signature check."""
+        order) without waiting for it. Its wait gives `deliver` the output blocks, which
+        writes them into `writes` (by default: the first block into the one tensor)."""
         group = self.global_ranks if ranks is None else tuple(self.global_ranks[r] for r in ranks)
         what = f"{kind} on ranks {list(group)}"
         runtime.join_first_use(group, self._timeout, what)
+        for t in writes:
+            settle(t)  # an unfinished collective writing it comes first
         pending = programs.run(kind, group, params, blocks, described)
-        try:
-            own, signatures, outputs = pending.result(self._timeout.total_seconds())
-        except concurrent.futures.TimeoutError:
-            raise timed_out(what, self._timeout) from None
-        except Exception as e:  # XLA:CPU may run the program at once and fail right here
-            raise peer_failure(what, e) from None
         summary = f"{kind}{params} {described}"
         members = tuple(range(self.size())) if ranks is None else tuple(ranks)
-        return _Launch(outputs, (own, signatures, lambda: self._mismatch(summary, members)))
+        if deliver is None:
+            deliver = (lambda out, t=writes[0]: write(t, out[0])) if writes else _ignore
+        return Launch(
+            what, pending, list(writes), deliver, lambda: self._mismatch(summary, members)
+        )
 
-    def work(self, what: str, launches: list[_Launch], result: list) -> TpuWork:
-        arrays = [a for launch in launches for a in launch.outputs]
-        checks = [launch.check for launch in launches]
+    def work(self, what: str, launches: list[Launch], result: list) -> TpuWork:
         return TpuWork(
-            f"{what} on ranks {list(self.global_ranks)}", self._timeout, arrays, checks, result
+            f"{what} on ranks {list(self.global_ranks)}", self._timeout, launches, result
         )
 
     def _mismatch(self, summary: str, members: tuple[int, ...]) -> str:
@@ -150,9 +147,7 @@ class TpuProcessGroup(ProcessGroup):
             return self.work("all_reduce", [], tensors)
         launches = []
         for t in tensors:
-            launch = self.launch("all_reduce", (op,), [flat_value(t)], describe(t))
-            write(t, launch.outputs[0])
-            launches.append(launch)
+            launches.append(self.launch("all_reduce", (op,), [flat_value(t)], describe(t), [t]))
         return self.work("all_reduce", launches, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -164,10 +159,10 @@ class TpuProcessGroup(ProcessGroup):
             return self.work("reduce", [], tensors)
         launches = []
         for t in tensors:
-            launch = self.launch("all_reduce", (op,), [flat_value(t)], describe(t) + " reduce")
-            if self.rank() == root:
-                write(t, launch.outputs[0])
-            launches.append(launch)
+            writes = [t] if self.rank() == root else []
+            launches.append(
+                self.launch("all_reduce", (op,), [flat_value(t)], describe(t) + " reduce", writes)
+            )
         return self.work("reduce", launches, tensors)
 
     def broadcast(self, tensors, opts):
@@ -176,10 +171,8 @@ class TpuProcessGroup(ProcessGroup):
             return self.work("broadcast", [], tensors)
         launches = []
         for t in tensors:
-            launch = self.launch("broadcast", (root,), [flat_value(t)], describe(t))
-            if self.rank() != root:
-                write(t, launch.outputs[0])
-            launches.append(launch)
+            writes = [t] if self.rank() != root else []
+            launches.append(self.launch("broadcast", (root,), [flat_value(t)], describe(t), writes))
         return self.work("broadcast", launches, tensors)
 
     # ---------------------------------------------------------------- gathers
@@ -189,8 +182,7 @@ class TpuProcessGroup(ProcessGroup):
         if self._single("all_gather", [output, input]):
             write(output, flat_value(input))
             return self.work("all_gather", [], [output])
-        launch = self.launch("all_gather", (), [flat_value(input)], describe(input))
-        write(output, launch.outputs[0])
+        launch = self.launch("all_gather", (), [flat_value(input)], describe(input), [output])
         return self.work("all_gather", [launch], [output])
 
     _allgather_base = all_gather_single
@@ -222,12 +214,16 @@ class TpuProcessGroup(ProcessGroup):
             if outputs:
                 write(outputs[0], flat_value(input))
             return self.work(what, [], outputs)
-        launch = self.launch("all_gather", (), [flat_value(input)], describe(input))
-        if root is None or self.rank() == root:
-            n = input.numel()
-            gathered = launch.outputs[0]
-            for j, o in enumerate(outputs):
-                write(o, gathered[j * n : (j + 1) * n])
+        writes = outputs if root is None or self.rank() == root else []
+        n = input.numel()
+
+        def deliver(out):
+            for j, o in enumerate(writes):
+                write(o, out[0][j * n : (j + 1) * n])
+
+        launch = self.launch(
+            "all_gather", (), [flat_value(input)], describe(input), writes, deliver
+        )
         return self.work(what, [launch], outputs)
 
     # ---------------------------------------------------------------- scatters
@@ -238,8 +234,9 @@ class TpuProcessGroup(ProcessGroup):
         if self._single("reduce_scatter", [output, input]):
             write(output, flat_value(input))
             return self.work("reduce_scatter", [], [output])
-        launch = self.launch("reduce_scatter", (op,), [flat_value(input)], describe(input))
-        write(output, launch.outputs[0])
+        launch = self.launch(
+            "reduce_scatter", (op,), [flat_value(input)], describe(input), [output]
+        )
         return self.work("reduce_scatter", [launch], [output])
 
     _reduce_scatter_base = reduce_scatter_single
@@ -261,9 +258,9 @@ class TpuProcessGroup(ProcessGroup):
                 if i.numel() != output.numel():
                     raise ValueError("tpu_dist: reduce_scatter inputs must match the output's size")
             joined = jnp.concatenate([flat_value(i) for i in inputs])
-            launch = self.launch("reduce_scatter", (op,), [joined], describe(output))
-            write(output, launch.outputs[0])
-            launches.append(launch)
+            launches.append(
+                self.launch("reduce_scatter", (op,), [joined], describe(output), [output])
+            )
         return self.work("reduce_scatter", launches, outputs)
 
     def scatter(self, outputs, input_lists, opts):
@@ -277,8 +274,7 @@ class TpuProcessGroup(ProcessGroup):
         else:
             check_device(output)
             joined = jnp.zeros((self.size() * output.numel(),), flat_value(output).dtype)
-        launch = self.launch("scatter", (root,), [joined], describe(output))
-        write(output, launch.outputs[0])
+        launch = self.launch("scatter", (root,), [joined], describe(output), [output])
         return self.work("scatter", [launch], outputs)
 
     # ---------------------------------------------------------------- all-to-all
@@ -295,8 +291,7 @@ class TpuProcessGroup(ProcessGroup):
                     f"tpu_dist: all_to_all_single: input and output must have the same size, "
                     f"divisible by the group size {k}; got {input.numel()} and {output.numel()}"
                 )
-            launch = self.launch("all_to_all", (), [flat_value(input)], describe(input))
-            write(output, launch.outputs[0])
+            launch = self.launch("all_to_all", (), [flat_value(input)], describe(input), [output])
             return self.work("all_to_all", [launch], [output])
         inner = input[0].numel() if input.dim() and input.shape[0] else 1
         send = list(input_split_sizes) or [input.shape[0] // k] * k
@@ -337,9 +332,12 @@ class TpuProcessGroup(ProcessGroup):
         unpadded. Synchronous (it waits for the size exchange)."""
         k, me = self.size(), self.rank()
         sizes = jax.device_put(np.asarray(send, np.int64), flat.device)
-        launch = self.launch("all_gather", (), [sizes], f"int64[{k}] all_to_all sizes")
+        got: list = []
+        launch = self.launch(
+            "all_gather", (), [sizes], f"int64[{k}] all_to_all sizes", deliver=got.extend
+        )
         self.work("all_to_all sizes", [launch], []).wait()
-        matrix = np.asarray(launch.outputs[0]).reshape(k, k)  # matrix[i][j]: i sends j
+        matrix = np.asarray(got[0]).reshape(k, k)  # matrix[i][j]: i sends j
         if list(matrix[:, me]) != list(recv):
             raise ValueError(
                 f"tpu_dist: all_to_all output split sizes {recv} on rank {me} do not match "
@@ -347,11 +345,13 @@ class TpuProcessGroup(ProcessGroup):
             )
         width = max(1, int(matrix.max()))
         padded = _pad_blocks(flat, tuple(send), width)
+        got.clear()
         launch = self.launch(
-            "all_to_all", (), [padded], f"{dtype} all_to_all sizes {matrix.tolist()}"
-        )
+            "all_to_all", (), [padded], f"{dtype} all_to_all sizes {matrix.tolist()}",
+            deliver=got.extend,
+        )  # fmt: skip
         self.work("all_to_all", [launch], []).wait()
-        return _unpad_blocks(launch.outputs[0], tuple(recv), width)
+        return _unpad_blocks(got[0], tuple(recv), width)
 
     # ---------------------------------------------------------------- sync, p2p
 
@@ -378,11 +378,9 @@ class TpuProcessGroup(ProcessGroup):
         if src == dst:
             raise ValueError(f"tpu_dist: rank {src} cannot send to itself")
         pair = tuple(sorted((src, dst)))
-        launch = self.launch(
-            "permute", (pair.index(src), pair.index(dst)), [flat_value(t)], describe(t), pair
-        )
-        if what == "recv":
-            write(t, launch.outputs[0])
+        writes = [t] if what == "recv" else []
+        params = (pair.index(src), pair.index(dst))
+        launch = self.launch("permute", params, [flat_value(t)], describe(t), writes, ranks=pair)
         return self.work(f"{what} {src}->{dst}", [launch], [t])
 
     # ---------------------------------------------------------------- helpers
@@ -404,7 +402,7 @@ class _Joined(TpuWork):
     """Several works waited for as one (coalesced and list calls)."""
 
     def __init__(self, what, timeout, works, result) -> None:
-        super().__init__(what, timeout, [], [], result)
+        super().__init__(what, timeout, [], result)
         self._works = works
 
     def is_completed(self) -> bool:
@@ -417,6 +415,10 @@ class _Joined(TpuWork):
                 w.wait(timeout)
         except CollectiveError as e:
             self._error = e
+
+
+def _ignore(outputs: list) -> None:
+    """The delivery of a collective whose outputs this rank does not keep."""
 
 
 def _device():

@@ -7,6 +7,7 @@ import torch
 
 from ..engine import executor
 from ..tensor import is_whole, new_tensor, storage_of
+from .work import settle
 
 
 def check_device(t: torch.Tensor) -> None:
@@ -24,6 +25,7 @@ def flat_value(t: torch.Tensor) -> jax.Array:
     """The tensor's elements as a flat array (its storage array itself when the tensor
     is the whole, contiguous storage: no copy)."""
     check_device(t)
+    settle(t)  # an unfinished collective writing t comes first
     storage = storage_of(t)
     if is_whole(t, storage):
         return storage.array("collective")
@@ -32,6 +34,7 @@ def flat_value(t: torch.Tensor) -> jax.Array:
 
 def write(t: torch.Tensor, flat: jax.Array) -> None:
     """Give t the values of `flat` in place (bumping its autograd version)."""
+    settle(t)
     storage = storage_of(t)
     if is_whole(t, storage):
         storage.value = flat

@@ -1,24 +1,30 @@
 """Work objects: what `async_op=True` returns, what DDP and FSDP wait on.
 
-A collective is dispatched asynchronously, like any tpu op. `wait()` blocks
-until its XLA program has finished, within the process group's timeout:
+A collective is dispatched asynchronously, like any tpu op: the caller goes
+on (computing, issuing more collectives) while it runs. `wait()` blocks
+until its XLA program has finished, within the process group's timeout, and
+then writes its outputs into the caller's tensors; a collective that reads
+or writes a tensor an unfinished one writes waits for that one first.
 a peer that died, hangs or never calls the collective becomes a Python
 error here instead of a hang, and so do ranks that called mismatched
-collectives. `get_future()` waits the same way and returns a completed
-future, so callbacks chained on it (DDP's comm hooks) run on the calling
-thread, never concurrently with it.
+collectives (whose outputs are then never written). `get_future()` waits
+the same way and returns a completed future, so callbacks chained on it
+(DDP's comm hooks) run on the calling thread, never concurrently with it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import time
+import weakref
 from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch._C._distributed_c10d import Work
 
+from ..tensor import storage_of
 from . import runtime
 
 
@@ -30,29 +36,83 @@ class CollectiveTimeout(CollectiveError):
     """A tpu_dist collective did not complete within the process group's timeout."""
 
 
+class Launch:
+    """One dispatched collective: its pending result (signatures and output blocks, from
+    the dispatch thread), the tensors it writes and how (`deliver`, run by the wait once
+    the ranks agreed), and the error text for ranks that disagreed."""
+
+    __slots__ = ("what", "pending", "writes", "deliver", "mismatch")
+
+    def __init__(
+        self,
+        what: str,
+        pending: concurrent.futures.Future,
+        writes: list[torch.Tensor],
+        deliver: Callable[[list], None],
+        mismatch: Callable[[], str],
+    ) -> None:
+        self.what = what
+        self.pending = pending
+        self.writes = writes
+        self.deliver = deliver
+        self.mismatch = mismatch
+
+    def result(self, deadline: float, limit: datetime.timedelta) -> tuple:
+        """(own signature, the group's signatures, output blocks), within the deadline."""
+        try:
+            return self.pending.result(max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            raise timed_out(self.what, limit) from None
+        except Exception as e:  # XLA:CPU may run the program at once and fail right here
+            raise peer_failure(self.what, e) from None
+
+
+# Storage -> the work that will write it. A collective reading or writing a storage
+# waits for it first, as collectives on one stream are ordered on an accelerator.
+_unfinished: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def settle(t: torch.Tensor) -> None:
+    """Wait for the unfinished collective that writes t's storage, if any."""
+    work = _unfinished.get(storage_of(t))
+    if work is not None:
+        work.wait()
+
+
 class TpuWork(Work):
-    """One dispatched collective (or several, waited for together)."""
+    """Dispatched collectives, waited for together. The caller goes on while they run;
+    their outputs reach the caller's tensors at `wait()` (as on an accelerator, where
+    reading an async collective's output before waiting is a race)."""
 
     def __init__(
         self,
         what: str,
         timeout: datetime.timedelta,
-        arrays: list,
-        checks: list[tuple[int, object, Callable[[], str]]],
+        launches: list[Launch],
         result: list[torch.Tensor],
     ) -> None:
         super().__init__()
         self._what = what
         self._timeout = timeout
-        self._arrays = arrays  # JAX arrays whose readiness means the collective is done
-        self._checks = checks  # (own signature, group's signatures, describe mismatch)
+        self._launches = launches
         self._result = result
         self._error: BaseException | None = None
         self._done = False
         self._future: torch.futures.Future | None = None
+        for launch in launches:
+            for t in launch.writes:
+                _unfinished[storage_of(t)] = self
 
     def is_completed(self) -> bool:
-        return self._done or all(a.is_ready() for a in self._arrays)
+        if self._done:
+            return True
+        if not all(launch.pending.done() for launch in self._launches):
+            return False
+        try:
+            results = [launch.pending.result(0) for launch in self._launches]
+        except Exception:
+            return True  # failed: wait() raises
+        return all(a.is_ready() for a in self._arrays(results))
 
     def is_success(self) -> bool:
         return self._done and self._error is None
@@ -82,21 +142,32 @@ class TpuWork(Work):
             self._future = future
         return self._future
 
+    @staticmethod
+    def _arrays(results: list[tuple]) -> list:
+        return [a for _, signatures, outputs in results for a in (signatures, *outputs)]
+
     def _finish(self, timeout) -> None:
         self._done = True
         limit = self._timeout if not timeout or timeout.total_seconds() <= 0 else timeout
+        deadline = time.monotonic() + limit.total_seconds()
+        launches, self._launches = self._launches, []
         try:
-            _wait_ready(self._arrays, limit, self._what)
-            for own, signatures, describe in self._checks:
-                signatures = np.asarray(signatures)
-                if not (signatures == own).all():
-                    raise CollectiveError(describe())
+            results = [launch.result(deadline, limit) for launch in launches]
+            _wait_ready(self._arrays(results), deadline, limit, self._what)
+            for launch, (own, signatures, _) in zip(launches, results):
+                if not (np.asarray(signatures) == own).all():
+                    raise CollectiveError(launch.mismatch())
+            for launch, (_, _, outputs) in zip(launches, results):
+                launch.deliver(outputs)
         except CollectiveError as e:
             self._error = e
         except Exception as e:  # the XLA program failed: a peer closed its connection
             self._error = peer_failure(self._what, e)
         finally:
-            self._arrays = []
+            for launch in launches:
+                for t in launch.writes:
+                    if _unfinished.get(storage_of(t)) is self:
+                        del _unfinished[storage_of(t)]
 
 
 def peer_failure(what: str, error: Exception) -> CollectiveError:
@@ -114,11 +185,10 @@ def timed_out(what: str, limit: datetime.timedelta) -> CollectiveTimeout:
     )
 
 
-def _wait_ready(arrays: list, limit: datetime.timedelta, what: str) -> None:
-    """Poll until every array is computed; a clear error after `limit`.
+def _wait_ready(arrays: list, deadline: float, limit: datetime.timedelta, what: str) -> None:
+    """Poll until every array is computed; a clear error after the deadline.
 
     (A JAX wait cannot be interrupted, so the wait polls `is_ready`.)"""
-    deadline = time.monotonic() + limit.total_seconds()
     pause = 0.0
     while not all(a.is_ready() for a in arrays):
         if time.monotonic() > deadline:
@@ -127,8 +197,3 @@ def _wait_ready(arrays: list, limit: datetime.timedelta, what: str) -> None:
         pause = min(pause * 2 or 2e-5, 2e-3)
     for a in arrays:
         a.block_until_ready()  # raises the XLA error of a failed collective
-
-
-def completed(result: list[torch.Tensor]) -> TpuWork:
-    """A Work for a call that needed no communication (a group of one)."""
-    return TpuWork("noop", datetime.timedelta(seconds=1), [], [], result)
