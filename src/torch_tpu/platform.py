@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import jax
+    import numpy as np
 
 _ALIASES = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 _UNSET_HINT = "unset TORCH_TPU_PLATFORM to use the best platform present (TPU, else GPU, else CPU)"
@@ -132,6 +133,7 @@ def restart() -> None:
     platform.cache_clear()
     devices.cache_clear()
     _own.cache_clear()
+    _placement.cache_clear()
     jax.config.update("jax_default_device", forced())
 
 
@@ -141,3 +143,23 @@ def device(index: int = 0) -> jax.Device:
     if index != 0:
         raise RuntimeError(f"tpu:{index}: torch_tpu has one device per process (tpu:0)")
     return _own()
+
+
+def put(host: np.ndarray) -> jax.Array:
+    """host on this process's device, through JAX's C++ transfer: jax.device_put's
+    Python costs about 95 µs for a small array here, this 9 µs. The caller owns `host`
+    (XLA:CPU may wrap its memory rather than copy it)."""
+    from jax._src import core
+    from jax._src.lib import xla_client
+
+    target = device()
+    return xla_client.batched_device_put(
+        core.ShapedArray(host.shape, host.dtype), _placement(target), [host], [target], True
+    )
+
+
+@functools.cache
+def _placement(target: jax.Device) -> jax.sharding.Sharding:
+    import jax
+
+    return jax.sharding.SingleDeviceSharding(target)

@@ -25,13 +25,18 @@ from . import memory
 
 
 def synchronize() -> None:
-    """Run what fused mode has recorded, then wait until every value dispatched to the
-    device has been computed (nothing to wait for before JAX's backend starts)."""
+    """Run what fused mode has recorded, finish every unfinished collective (as a device
+    synchronize waits for the communication streams too), then wait until every value
+    dispatched to the device has been computed (nothing to wait for before JAX's backend
+    starts)."""
     import sys
 
     fuse = sys.modules.get("torch_tpu.engine.fuse")
     if fuse is not None:
         fuse.flush("synchronize()")
+    collectives = sys.modules.get("torch_tpu.distributed.work")
+    if collectives is not None:
+        collectives.settle_all()
     if not memory.backend_started():
         return
     import jax

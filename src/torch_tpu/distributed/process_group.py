@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch._C._distributed_c10d import ProcessGroup
 
+from .. import platform
 from . import programs, runtime
 from .tensors import check_device, describe, flat_value, write
 from .work import CollectiveError, Launch, TpuWork, settle
@@ -331,7 +332,7 @@ class TpuProcessGroup(ProcessGroup):
         send sizes, then every block is padded to the largest, exchanged evenly, and
         unpadded. Synchronous (it waits for the size exchange)."""
         k, me = self.size(), self.rank()
-        sizes = jax.device_put(np.asarray(send, np.int64), flat.device)
+        sizes = platform.put(np.asarray(send, np.int64))
         got: list = []
         launch = self.launch(
             "all_gather", (), [sizes], f"int64[{k}] all_to_all sizes", deliver=got.extend
@@ -358,7 +359,7 @@ class TpuProcessGroup(ProcessGroup):
     def barrier(self, opts=None):
         if self.size() == 1:
             return self.work("barrier", [], [])
-        token = jax.device_put(np.zeros((1,), np.int32), _device())
+        token = platform.put(np.zeros((1,), np.int32))
         launch = self.launch("all_reduce", ("sum",), [token], "barrier")
         return self.work("barrier", [launch], [])
 
@@ -419,12 +420,6 @@ class _Joined(TpuWork):
 
 def _ignore(outputs: list) -> None:
     """The delivery of a collective whose outputs this rank does not keep."""
-
-
-def _device():
-    from .. import platform
-
-    return platform.device()
 
 
 _PAD: dict = {}

@@ -79,6 +79,12 @@ def settle(t: torch.Tensor) -> None:
         work.wait()
 
 
+def settle_all() -> None:
+    """Wait for every unfinished collective that writes a tensor."""
+    for work in set(_unfinished.values()):
+        work.wait()
+
+
 class TpuWork(Work):
     """Dispatched collectives, waited for together. The caller goes on while they run;
     their outputs reach the caller's tensors at `wait()` (as on an accelerator, where

@@ -10,6 +10,7 @@ the host waits only when it reads a value.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 
 import jax
@@ -669,8 +670,7 @@ def upload(cpu: torch.Tensor) -> torch.Tensor:
     # read it asynchronously), so a later in-place change to the CPU tensor must not
     # reach the buffer the device reads.
     host = dtypes.numpy_from_cpu(cpu).reshape(-1).copy()
-    array = jax.device_put(host, platform.device())
-    return new_tensor(tuple(cpu.shape), cpu.dtype, array)
+    return new_tensor(tuple(cpu.shape), cpu.dtype, platform.put(host))
 
 
 _READERS: dict = {}
@@ -700,6 +700,9 @@ def download(t: torch.Tensor, reason: str):
 
     metrics.count("host_syncs")
     metrics.count(f"host sync: {reason}")
+    collectives = sys.modules.get("torch_tpu.distributed.work")
+    if collectives is not None:
+        collectives.settle(t)  # the host reads what an unfinished collective writes
     storage = storage_of(t)
     view = view_of(t, storage)
     if strided.spans_storage(view):
