@@ -137,6 +137,39 @@ def test_copies_with_dtype_conversion_and_non_blocking():
     assert tpu.to("tpu:0") is tpu
 
 
+def test_to_tpu_matches_pytorchs_to_copy_in_every_case():
+    """`.to("tpu")` of a contiguous CPU tensor is one upload (pinned._plain_upload); the
+    other cases keep PyTorch's kernel. Both give what the CPU gives, strides included."""
+    cpu = torch.arange(24.0).reshape(2, 3, 4) - 5
+    cases = {
+        "plain": (cpu, {}),
+        "dtype": (cpu, {"dtype": torch.float16}),
+        "to int": (cpu, {"dtype": torch.int32}),
+        "conj view": (torch.complex(cpu, -cpu).conj(), {}),
+        "neg view": (torch.complex(cpu, cpu).conj().imag, {}),
+        "transposed": (cpu.transpose(0, 2), {}),
+        "made contiguous": (cpu.transpose(0, 2), {"memory_format": torch.contiguous_format}),
+        "channels_last": (cpu[None].to(memory_format=torch.channels_last), {}),
+        "0 elements": (torch.empty(0, 3), {}),
+        "0-d": (torch.tensor(2.5), {}),
+    }  # fmt: skip
+    for name, (t, kwargs) in cases.items():
+        expected = t.to("cpu", copy=True, **kwargs)
+        got = t.to("tpu", **kwargs)
+        assert got.device.type == "tpu" and got.dtype == expected.dtype, name
+        assert got.stride() == expected.stride(), (name, got.stride(), expected.stride())
+        torch.testing.assert_close(got.cpu(), expected, msg=name)
+    leaf = cpu.clone().requires_grad_()
+    (leaf.to("tpu") * 3).sum().backward()  # the copy stays differentiable
+    torch.testing.assert_close(leaf.grad, torch.full_like(cpu, 3.0))
+    with pytest.raises(RuntimeError, match="tpu:5"):
+        cpu.to("tpu:5")
+    source = cpu.clone()
+    uploaded = source.to("tpu")
+    source.add_(100)  # the upload owns its copy
+    torch.testing.assert_close(uploaded.cpu(), cpu)
+
+
 def test_item_tolist_repr_and_numpy_error():
     t = torch.tensor([[1, 2], [3, 4]], device="tpu")
     assert t[1, 0].item() == 3

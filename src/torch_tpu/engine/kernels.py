@@ -184,6 +184,13 @@ def _copy(self, src, non_blocking=False):
     return self
 
 
+def upload_to(cpu: torch.Tensor, device, dtype: torch.dtype | None) -> torch.Tensor:
+    """A new contiguous tpu tensor with cpu's values (converted to dtype on the host, as
+    `_copy` converts)."""
+    _check_device(device)
+    return executor.upload(cpu.to(dtype) if dtype is not None and dtype != cpu.dtype else cpu)
+
+
 def _fills_fresh_storage(self, src) -> bool:
     """self is the whole of a never-written contiguous storage of src's shape (the empty
     tensor `.to("tpu")` makes): the uploaded array can become its value as it is. A copy_
