@@ -11,15 +11,16 @@ collective compiled or not is the same code.
 
 Schedule. Each collective is issued at the earliest boundary between segments
 its inputs allow, and each compute node goes into the earliest segment its
-inputs allow but never before a collective that precedes it in graph order:
-compute the program wrote after a collective runs while that collective is
+inputs allow, except that heavy compute (`_heavy`) never moves before a
+collective that precedes it in graph order: it runs while that collective is
 in flight (issuing does not wait, `distributed/work.py`). A `wait_tensor`
 waits only when a later step first reads its value (a wait returns its
-input), so a collective overlaps every segment that does not need it; any
-wait nothing read is done at the end of the call. Views of graph inputs and factories are
-repeated in every segment that uses them rather than carried between
-segments (a carried value is a materialised copy). Input mutations (`copy_`
-into an input) go into the last segment, after every read of the old value.
+input), and a segment is cut in two before that first read when its heavy
+part does not need the result. A wait nothing read is done at the end of the
+call. Views of graph inputs and factories are repeated in every segment that
+uses them rather than carried between segments (a carried value is a
+materialised copy). Input mutations (`copy_` into an input) go into the last
+segment, after every read of the old value.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ the group's global ranks.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -92,7 +93,7 @@ class TpuProcessGroup(ProcessGroup):
         params: tuple,
         blocks: list,
         described: str,
-        writes: list[torch.Tensor] = (),
+        writes: Sequence[torch.Tensor] = (),
         deliver=None,
         ranks=None,
     ) -> Launch:

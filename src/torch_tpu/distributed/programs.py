@@ -269,9 +269,10 @@ def run(kind: str, ranks: tuple[int, ...], params: tuple, blocks: list, describe
 
     Returns a future of (own signature, the group's signatures, this rank's output
     blocks): the signatures are a (k,) int64 array, all equal unless ranks disagreed, in
-    which case the outputs are zeros. The dispatch runs on a thread of its own: XLA:CPU
-    may execute a collective inside the dispatching call, and a peer that never joins
-    would then block the caller beyond any timeout.
+    which case the outputs mean nothing (the wait raises and never writes them). The
+    dispatch runs on a thread of its own: XLA:CPU may execute a collective inside the
+    dispatching call, and a peer that never joins would then block the caller beyond
+    any timeout.
     """
     return _dispatcher().submit(_dispatch, kind, ranks, params, blocks, described)
 

@@ -4,8 +4,8 @@ A collective is dispatched asynchronously, like any tpu op: the caller goes
 on (computing, issuing more collectives) while it runs. `wait()` blocks
 until its XLA program has finished, within the process group's timeout, and
 then writes its outputs into the caller's tensors; a collective that reads
-or writes a tensor an unfinished one writes waits for that one first.
-a peer that died, hangs or never calls the collective becomes a Python
+or writes a tensor an unfinished one writes waits for that one first. A
+peer that died, hangs or never calls the collective becomes a Python
 error here instead of a hang, and so do ranks that called mismatched
 collectives (whose outputs are then never written). `get_future()` waits
 the same way and returns a completed future, so callbacks chained on it
