@@ -51,8 +51,10 @@ _SMALL = example.Config(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1, ffn=
 def test_compiled_decode_loop_matches_cpu_and_compiles_nothing_after_warmup():
     """A batch in bucket 8, one in bucket 16, then back to bucket 8 with other prompt
     lengths: the return compiles nothing (prefill padded to the same bucket, decode steps
-    one static graph, and no program depends on what ran in between)."""
-    cpu, tpu = _models(_SMALL)
+    one static graph, and no program depends on what ran in between). Its own model
+    size: other tests' programs of _SMALL would make the warm-ups compile nothing, in
+    whatever order a worker runs them."""
+    cpu, tpu = _models(example.Config(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1, ffn=48))
     with torch.no_grad():
         counts = _run_rounds(example.compiled_step(8), cpu, tpu, [[3, 6], [15, 9], [5, 2]], 3)
     assert counts[0] and counts[1] and counts[2] == 0, counts
