@@ -80,7 +80,7 @@ def to_copy(self: torch.Tensor, **kwargs) -> torch.Tensor:
     memory (non_blocking to the CPU, or pin_memory=True) completes before returning
     into a buffer pinned here rather than by an allocator this backend cannot offer."""
     device = kwargs.get("device")
-    if _plain_upload(self, kwargs):
+    if _plain_upload(self, device, kwargs):
         from .engine import kernels
 
         return kernels.upload_to(self, device, kwargs.get("dtype"))
@@ -92,11 +92,10 @@ def to_copy(self: torch.Tensor, **kwargs) -> torch.Tensor:
     return pin(out) if pinned and out.layout == torch.strided else out
 
 
-def _plain_upload(self: torch.Tensor, kwargs: dict) -> bool:
+def _plain_upload(self: torch.Tensor, device, kwargs: dict) -> bool:
     """A contiguous CPU tensor to a contiguous tpu tensor: what `.to("tpu")` does every
     step of a loop. PyTorch's own kernel would allocate an empty tpu tensor and copy
     into it (three Python kernels, 150 µs for a small tensor); this is one upload."""
-    device = kwargs.get("device")
     return (
         device is not None
         and torch.device(device).type == "tpu"

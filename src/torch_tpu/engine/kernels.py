@@ -173,7 +173,7 @@ _COPY = None
 def _copy(self, src, non_blocking=False):
     if self.device.type == executor.DEVICE_TYPE:
         if src.device.type != executor.DEVICE_TYPE:
-            src = executor.upload(src.to(self.dtype) if src.dtype != self.dtype else src)
+            src = upload_to(src, None, self.dtype)
             if _fills_fresh_storage(self, src):  # .to("tpu"): no program per shape
                 storage_of(self).value = storage_of(src).value
                 return self
@@ -185,8 +185,7 @@ def _copy(self, src, non_blocking=False):
 
 
 def upload_to(cpu: torch.Tensor, device, dtype: torch.dtype | None) -> torch.Tensor:
-    """A new contiguous tpu tensor with cpu's values (converted to dtype on the host, as
-    `_copy` converts)."""
+    """A new contiguous tpu tensor with cpu's values, converted to dtype on the host."""
     _check_device(device)
     return executor.upload(cpu.to(dtype) if dtype is not None and dtype != cpu.dtype else cpu)
 
