@@ -121,6 +121,7 @@ COLLECTIVES = [
     "collectives_on_both_sides_of_the_envelope",
     "mismatch_across_the_envelope_raises_then_group_works",
     "async_collectives_do_not_wait_for_late_peers",
+    "every_program_is_above_xla_cpus_inline_threshold",
     "collectives_on_one_tensor_keep_their_order",
     "wrong_device_raises",
     "functional_collectives",

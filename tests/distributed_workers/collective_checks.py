@@ -259,17 +259,46 @@ def run(check, rank: int, world: int) -> None:
 
     @check("async_collectives_do_not_wait_for_late_peers")
     def _():
-        x = mine.to("tpu")
-        dist.barrier()
-        if rank == world - 1:
-            time.sleep(2)  # the others issue theirs while this rank is away
-        start = time.monotonic()
-        work = dist.all_reduce(x, async_op=True)
-        issued = time.monotonic() - start
-        work.wait()
-        _same(x, sum(everyone))
-        if rank != world - 1:
-            assert issued < 1.0, f"async all_reduce waited {issued:.2f} s for the late rank"
+        from torch_tpu.distributed import programs
+
+        big = [_data(r, (programs.ENVELOPE_BYTES,)) for r in range(world)]  # not in the envelope
+        for values in (everyone, big):
+            x = values[rank].to("tpu")
+            dist.barrier()
+            if rank == world - 1:
+                time.sleep(2)  # the others issue theirs while this rank is away
+            start = time.monotonic()
+            work = dist.all_reduce(x, async_op=True)
+            issued = time.monotonic() - start
+            work.wait()
+            _same(x, sum(values))
+            if rank != world - 1:
+                assert issued < 1.0, f"all_reduce{list(x.shape)} waited {issued:.2f} s for a peer"
+
+    @check("every_program_is_above_xla_cpus_inline_threshold")
+    def _():
+        # XLA:CPU runs a program under INLINE_FLOPS_BELOW inside the dispatching call, where
+        # a peer that never joins would block the caller past the timeout.
+        import jax
+        import jax.numpy as jnp
+
+        from torch_tpu.distributed import programs
+        from torch_tpu.distributed.mesh import sharding
+
+        ranks = tuple(range(world))
+        params = {
+            "all_reduce": ("max",),
+            "broadcast": (0,),
+            "reduce_scatter": ("sum",),
+            "scatter": (0,),
+            "permute": (0, 1),
+        }
+        for kind in programs.BODIES:
+            for n, dtype in ((world, jnp.int8), (world * 4096, jnp.float32)):
+                spec = jax.ShapeDtypeStruct((world * n,), dtype, sharding=sharding(ranks))
+                program = programs._program(kind, ranks, params.get(kind, ()), 1)
+                flops = program.lower(spec).compile().cost_analysis()["flops"]
+                assert flops >= programs.INLINE_FLOPS_BELOW, (kind, n, dtype, flops)
 
     @check("collectives_on_one_tensor_keep_their_order")
     def _():

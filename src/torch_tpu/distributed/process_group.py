@@ -105,13 +105,16 @@ class TpuProcessGroup(ProcessGroup):
         runtime.join_first_use(group, self._timeout, what)
         for t in writes:
             settle(t)  # an unfinished collective writing it comes first
-        pending = programs.run(kind, group, params, blocks, described)
+        try:
+            outcome = programs.run(kind, group, params, blocks, described)
+        except Exception as e:  # the wait raises it, as it would a failure in flight
+            outcome = e
         summary = f"{kind}{params} {described}"
         members = tuple(range(self.size())) if ranks is None else tuple(ranks)
         if deliver is None:
             deliver = (lambda out, t=writes[0]: write(t, out[0])) if writes else _ignore
         return Launch(
-            what, pending, list(writes), deliver, lambda: self._mismatch(summary, members)
+            what, outcome, list(writes), deliver, lambda: self._mismatch(summary, members)
         )
 
     def work(self, what: str, launches: list[Launch], result: list) -> TpuWork:

@@ -20,21 +20,24 @@ different signatures, and raise instead of hanging or mixing data:
 - a larger call runs its collective under `lax.cond` only if all signatures
   agree (the same decision on every rank). On XLA:CPU the conditional costs
   about 0.5 ms a call, which is why small calls avoid it.
+
+Every program is dispatched from the caller's thread and returns at once:
+XLA runs it asynchronously, so a peer that is late, hangs or never calls
+delays only the wait (`work.py`), which polls it within the group's timeout.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import hashlib
-import queue
-import threading
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import core
+from jax._src.array import ArrayImpl
 
 from .mesh import AXIS, sharding
 
@@ -200,13 +203,27 @@ def _from_bytes(rows, start: int, like) -> jax.Array:
     return lax.bitcast_convert_type(raw, dtype).reshape(rows.shape[0], *like.shape)
 
 
+# XLA:CPU runs a program whose cost analysis counts fewer flops than this inline, inside
+# the dispatching call (PJRT's "cheap computation"), where a peer that never joins would
+# block the caller beyond any timeout. Every program stays above it (`_gather_envelope`).
+INLINE_FLOPS_BELOW = 1000
+# No sum of the gathered envelope bytes reaches this (255 * 1 KiB * k < 2**32 - 1 for any
+# group of fewer than 16,000 ranks): comparing against it keeps the sum in the program.
+_UNREACHABLE_SUM = 2**32 - 1
+
+
 def _gather_envelope(signature, blocks) -> tuple[jax.Array, jax.Array]:
     """The one collective every program starts with; returns the (k,) signatures and
-    the (k, ENVELOPE_BYTES) gathered envelopes."""
+    the (k, ENVELOPE_BYTES) gathered envelopes.
+
+    It also sums the gathered bytes (about 3 flops a byte, k KiB): that puts every
+    program over INLINE_FLOPS_BELOW, so XLA:CPU always runs it asynchronously."""
     packed = jnp.concatenate([_as_bytes(signature), *(_as_bytes(b) for b in blocks)])
     envelope = jnp.pad(packed, (0, ENVELOPE_BYTES - packed.shape[0]))
     rows = lax.all_gather(envelope, AXIS)
     signatures = lax.bitcast_convert_type(rows[:, :_SIGNATURE_BYTES], jnp.int64)
+    total = jnp.sum(rows.astype(jnp.uint32), dtype=jnp.uint32)
+    signatures = jnp.where(total == _UNREACHABLE_SUM, -1, signatures)
     return signatures, rows
 
 
@@ -265,52 +282,26 @@ def signature(*parts) -> int:
 
 
 def run(kind: str, ranks: tuple[int, ...], params: tuple, blocks: list, described: str):
-    """Dispatch one collective on this rank's flat blocks.
+    """Dispatch one collective on this rank's flat blocks; returns at once.
 
-    Returns a future of (own signature, the group's signatures, this rank's output
-    blocks): the signatures are a (k,) int64 array, all equal unless ranks disagreed, in
-    which case the outputs mean nothing (the wait raises and never writes them). The
-    dispatch runs on a thread of its own: XLA:CPU may execute a collective inside the
-    dispatching call, and a peer that never joins would then block the caller beyond
-    any timeout.
-    """
-    return _dispatcher().submit(_dispatch, kind, ranks, params, blocks, described)
-
-
-class _Dispatcher:
-    """One daemon thread running dispatches in order (a daemon: a collective stuck on
-    a dead peer must not keep the process from exiting)."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name="tpu_dist dispatch", daemon=True).start()
-
-    def submit(self, fn, *args) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put((future, fn, args))
-        return future
-
-    def _loop(self) -> None:
-        while True:
-            future, fn, args = self._queue.get()
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:
-                future.set_exception(e)
-
-
-@functools.cache
-def _dispatcher() -> _Dispatcher:
-    return _Dispatcher()
-
-
-def _dispatch(kind: str, ranks: tuple[int, ...], params: tuple, blocks: list, described: str):
+    Returns (own signature, the group's signatures, this rank's output blocks), all
+    still being computed: the signatures are a (k,) int64 array, all equal unless ranks
+    disagreed, in which case the outputs mean nothing (the wait raises and never writes
+    them)."""
     value = signature(kind, params, described)
-    k = len(ranks)
     layout = sharding(ranks)
     global_inputs = [
-        jax.make_array_from_single_device_arrays((k * b.shape[0],), layout, [b]) for b in blocks
+        ArrayImpl(_global_aval(len(ranks) * b.shape[0], b.dtype, layout), layout, [b], True)
+        for b in blocks
     ]
     outputs = _program(kind, ranks, params, value)(*global_inputs)
-    local = [o.addressable_data(0) for o in outputs]
+    local = [o._arrays[0] for o in outputs]  # this rank's block (addressable_data, unchecked)
     return value, local[0], local[1:]
+
+
+@functools.lru_cache(maxsize=4096)
+def _global_aval(n: int, dtype, layout) -> core.ShapedArray:
+    """The abstract value of a group's global array of n elements: what
+    `jax.make_array_from_single_device_arrays` builds on every call (a quarter of a
+    small collective's dispatch), built once."""
+    return core.update_aval_with_sharding(core.ShapedArray((n,), dtype), layout)
