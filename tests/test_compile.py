@@ -148,6 +148,38 @@ def test_views_and_aliased_outputs():
         torch.testing.assert_close(to_cpu(o), e, atol=1e-5, rtol=1e-5)
 
 
+def test_forward_saves_views_of_weights_not_copies():
+    """AOTAutograd's forward saves each linear layer's transposed weight for the backward;
+    as in eager PyTorch it must be a view of the weight, not a second copy of it held
+    from forward to backward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    model(x).square().sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.to("tpu")
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = torch.compile(model)(x.to("tpu")).square().sum()
+    weights = {p.untyped_storage().data_ptr(): p for p in model.parameters() if p.dim() == 2}
+    shapes = {w.shape for w in weights.values()}
+    weight_shaped = [t for t in saved if t.dim() == 2 and t.t().shape in shapes]
+    assert weight_shaped, [tuple(t.shape) for t in saved]
+    for t in weight_shaped:  # each one aliases its weight
+        w = weights.get(t.untyped_storage().data_ptr())
+        assert w is not None, "a transposed weight was saved as a copy"
+        assert torch.equal(t.cpu(), w.t().cpu())
+    loss.backward()
+    for p, e in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad.cpu(), e, atol=1e-5, rtol=1e-5)
+
+
 def test_graph_break_runs_the_middle_in_tpu_eager():
     def fn(x):
         y = torch.tanh(x) * 2

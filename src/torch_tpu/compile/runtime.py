@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import cache, metrics, rng
 from ..engine import donation, executor, modes
@@ -83,8 +84,10 @@ class CompiledGraph:
 
     def _plan(self, graph: torch.fx.Graph, inputs: list) -> None:
         """Per graph output: ("const", value) for a non-tensor, ("input", k) for an input
-        returned as it is, or ("value", j) for the j-th distinct computed value."""
+        returned as it is, ("view", (k, shape, strides, offset)) for a view of input k,
+        or ("value", j) for the j-th distinct computed value."""
         input_index = {node: k for k, node in enumerate(inputs)}
+        placeholders = inputs[: self.n_placeholders]
         value_index: dict = {}
         self.plan = []
         for item in graph.output_node().args[0]:
@@ -94,6 +97,8 @@ class CompiledGraph:
                 self.plan.append(("const", item))
             elif item in input_index:
                 self.plan.append(("input", input_index[item]))
+            elif (view := _view_of_input(item, placeholders)) is not None:
+                self.plan.append(("view", view))
             else:
                 j = value_index.setdefault(item, len(value_index))
                 self.plan.append(("value", j))
@@ -160,6 +165,10 @@ class CompiledGraph:
                 out.append(values[index])
             elif tag == "input":
                 out.append(host.get(index, tensors[index]))
+            elif tag == "view":
+                k, shape, strides, offset = index
+                base = host.get(k, tensors[k])
+                out.append(base.as_strided(shape, strides, base.storage_offset() + offset))
             else:
                 out.append(index)
         return out
@@ -184,3 +193,31 @@ class CompiledGraph:
             donate_argnums=donate,
         )
 
+
+def _view_of_input(node: torch.fx.Node, placeholders: list) -> tuple | None:
+    """(k, shape, strides, storage offset relative to input k's) when the output `node`
+    is a view of graph input k (its traced value shares that input's storage), else None.
+
+    Such an output is returned as a view of the input, as eager PyTorch (and Inductor)
+    return it, rather than computed into a new buffer: a forward graph saves the
+    transposed weights of its linear layers for the backward, and copying them held a
+    second copy of every weight from forward to backward."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    geometry = (*val.shape, *val.stride(), val.storage_offset())
+    if not all(isinstance(v, int) for v in geometry):  # symbolic: computed instead
+        return None
+    storage = StorageWeakRef(val.untyped_storage())
+    for k, placeholder in enumerate(placeholders):
+        base = placeholder.meta.get("val")
+        if (
+            isinstance(base, torch.Tensor)
+            and base.dtype == val.dtype
+            and (base.is_conj(), base.is_neg()) == (val.is_conj(), val.is_neg())  # _conj views
+            and isinstance(base.storage_offset(), int)
+            and StorageWeakRef(base.untyped_storage()) == storage
+        ):
+            offset = val.storage_offset() - base.storage_offset()
+            return k, tuple(val.shape), tuple(val.stride()), offset
+    return None
