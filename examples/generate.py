@@ -113,8 +113,8 @@ class TinyDecoder(nn.Module):
 
 
 def step(model: TinyDecoder, ids, cache_pos, pos_ids, key_valid, last, *cache):
-    """One forward over `ids` (batch, length) written at `cache_pos`; returns the logits
-    at position `last` (a 1-element index) of every row."""
+    """One forward over `ids` (batch, length) written at `cache_pos`; returns every row's
+    greedy next token, from the logits at position `last` (a 1-element index)."""
     x = model.embed(ids)
     freqs = pos_ids[..., None].float() * model.inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)[:, None]
@@ -124,7 +124,7 @@ def step(model: TinyDecoder, ids, cache_pos, pos_ids, key_valid, last, *cache):
     for k, layer in enumerate(model.layers):
         x = layer(x, cos, sin, cache_pos, mask, cache[2 * k], cache[2 * k + 1])
     x = model.norm(x.index_select(1, last))
-    return model.head(x)[:, 0]
+    return model.head(x)[:, 0].argmax(-1)
 
 
 def generate(
@@ -145,27 +145,24 @@ def generate(
     cache = model.new_cache(batch, max_len, device)
     key_valid = key_valid.to(device)
 
-    def sync(t):
-        return t.cpu() if t.device.type != "cpu" else t
-
     start = time.perf_counter()
-    logits = step_fn(
+    token = step_fn(
         model, ids.to(device), torch.arange(length).to(device), pos_ids.to(device),
         key_valid, torch.tensor([length - 1]).to(device), *cache,
     )  # fmt: skip
-    token = logits.argmax(-1)
-    out = [sync(token)]
+    first = token.cpu()  # waits for the prefill
     prefill = time.perf_counter() - start
+    # The decode loop stays on the device: positions advance there, and the tokens are
+    # read once at the end (a read per step would wait for every step in turn).
     start = time.perf_counter()
     zero = torch.zeros(1, dtype=torch.long).to(device)
-    for t in range(1, new_tokens):
-        logits = step_fn(
-            model, token[:, None], torch.tensor([length + t - 1]).to(device),
-            (lengths + t - 1)[:, None].to(device), key_valid, zero, *cache,
-        )  # fmt: skip
-        token = logits.argmax(-1)
+    cache_pos, pos_ids = torch.tensor([length]).to(device), lengths[:, None].to(device)
+    out = []
+    for _ in range(1, new_tokens):
+        token = step_fn(model, token[:, None], cache_pos, pos_ids, key_valid, zero, *cache)
         out.append(token)
-    tokens = torch.stack([sync(t) for t in out], 1)
+        cache_pos, pos_ids = cache_pos + 1, pos_ids + 1
+    tokens = torch.cat([first[:, None], torch.stack(out, 1).cpu()], 1) if out else first[:, None]
     return tokens, (prefill, time.perf_counter() - start)
 
 

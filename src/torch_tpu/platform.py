@@ -86,7 +86,13 @@ def _restrict_to_local_device(name: str | None) -> None:
 
 def available() -> bool:
     """Whether the tpu device can run here. XLA:CPU always can, so only a forced GPU or TPU
-    platform is probed (which starts JAX's backend); a misspelt one is not available."""
+    platform is probed (which starts JAX's backend); a misspelt one is not available.
+    Remembered per TORCH_TPU_PLATFORM value: every upload and stream query asks."""
+    return _available(os.environ.get("TORCH_TPU_PLATFORM", ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _available(raw: str) -> bool:
     try:
         name = forced()
         if name in (None, "cpu"):
@@ -131,6 +137,7 @@ def restart() -> None:
     import jax
 
     platform.cache_clear()
+    _available.cache_clear()
     devices.cache_clear()
     _own.cache_clear()
     _placement.cache_clear()

@@ -147,8 +147,11 @@ def default_stream(device=None) -> Stream:
 
 
 def current_stream(device=None) -> torch.Stream:
-    _tpu_device(device)
-    return _current if _current is not None else default_stream()
+    """(Dynamo guards every compiled call of a tpu graph on it: one device check only.)"""
+    if _current is not None:
+        _tpu_device(device)
+        return _current
+    return default_stream(device)
 
 
 def set_stream(stream: torch.Stream | None) -> None:

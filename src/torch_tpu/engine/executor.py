@@ -162,14 +162,16 @@ def run(spec: OpSpec, args: tuple, kwargs: dict):
 def _run(spec: OpSpec, args: tuple, kwargs: dict):
     values = spec.schema.bind(args, kwargs)
     fast = None
-    if modes.current is _STRICT:
+    if modes.current is not _DEBUG:
         fast = fastpath.signature(spec, values)
         if fast is not None:
             entry = fastpath.lookup(fast[0])
             if entry is not None:  # a repeat call: no layout, key, meta kernel or check
                 metrics.count("ops_dispatched")
                 metrics.count("cache_hits")
-                return _execute(spec, entry, values, fast[1], fast[2])
+                if modes.current is _STRICT:
+                    return _execute(spec, entry, values, fast[1], fast[2])
+                return _record(spec, entry, values, fast[1], fast[2])
     inputs = _Inputs()
     layout = _layout(spec, values, inputs)
     key = (spec, layout)
@@ -211,15 +213,20 @@ def _key_inputs(spec: OpSpec):
 def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
     if modes.current is not modes.EagerMode.DEFER_AND_FUSE:
         return _execute(spec, entry, values, inputs.storages, inputs.dynamic)
+    return _record(spec, entry, values, inputs.storages, inputs.dynamic)
+
+
+def _record(spec: OpSpec, entry: _Executable, values: list, storages: list, dynamic: list):
+    """Fused mode: add the op to the pending segment; its outputs are pending values."""
     # Python numbers go to the executable as they are (weakly typed, as jnp.asarray
     # would make them): cheaper than a device array per new value (an optimizer's
     # bias corrections change every step)
-    dynamic = tuple(inputs.dynamic)
-    current = [s.current() for s in inputs.storages]
+    dynamic = tuple(dynamic)
+    current = [s.current() for s in storages]
     if not entry.traced:
-        _trace_once(spec, entry, inputs.storages, dynamic)
+        _trace_once(spec, entry, storages, dynamic)
     fresh, written = fuse.record(entry, current, dynamic, _key_inputs(spec))
-    return _results(spec, entry, values, inputs.storages, fresh, written)
+    return _results(spec, entry, values, storages, fresh, written)
 
 
 def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dynamic: list):

@@ -1,4 +1,5 @@
-"""Strict mode's repeat calls: one dictionary lookup from how a call looks to what runs it.
+"""Repeat calls in strict and fused mode: one dictionary lookup from how a call looks to
+what runs it (strict executes it, fused records it into the pending segment).
 
 The general path (`executor._run`) describes every argument as a `View`,
 builds a nested cache key and, for a key it has not seen, runs PyTorch's meta
@@ -37,8 +38,10 @@ _STATIC = Kind.STATIC
 
 def signature(spec, values: list):
     """(signature, storages, dynamic scalars) of a call, or None when the call holds
-    something only the general path handles (host tensors, numbers passed as
-    tensors, generators, optional tensor lists)."""
+    something only the general path handles (host tensors, generators, index lists).
+
+    The signature is flat and still unambiguous: a tensor adds its storage slot (an
+    int) and six more items, a number its type, an absent argument None."""
     key = [spec]
     storages: list = []
     slots: dict = {}
@@ -50,8 +53,9 @@ def signature(spec, values: list):
             elif isinstance(value, torch.Tensor):
                 if not _tensor(value, key, storages, slots):
                     return None
-            else:  # a Python number PyTorch wrapped as a tensor
-                return None
+            else:  # a Python number PyTorch wrapped as a tensor: a run-time scalar
+                key.append(type(value))
+                dynamic.append(value)
         elif kind is _SCALAR:
             if value is None:
                 key.append(None)
