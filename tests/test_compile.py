@@ -148,6 +148,30 @@ def test_views_and_aliased_outputs():
         torch.testing.assert_close(to_cpu(o), e, atol=1e-5, rtol=1e-5)
 
 
+def test_inputs_at_other_offsets_or_sharing_a_storage_read_their_own_elements():
+    """Dynamo may reuse one graph for inputs of equal sizes and strides; our runtime reads
+    each input's storage at its offset, so a call whose inputs sit elsewhere in their
+    storage, or share one storage, must get a program for that layout, not an earlier
+    call's (which would silently read other elements)."""
+
+    def fn(x, y):
+        return x * 2 + y, (x - y).sum()
+
+    compiled = torch.compile(fn)
+    base, other = torch.randn(16), torch.randn(16)
+    tbase, tother = base.to("tpu"), other.to("tpu")
+    cases = [
+        ((base[:4], other[:4]), (tbase[:4], tother[:4])),
+        ((base[4:8], other[:4]), (tbase[4:8], tother[:4])),  # another offset
+        ((base[:4], base[4:8]), (tbase[:4], tbase[4:8])),  # one storage for both
+        ((base[8:12], base[8:12]), (tbase[8:12], tbase[8:12])),  # the same elements
+        ((base[:4], other[:4]), (tbase[:4], tother[:4])),  # the first layout again
+    ]
+    for cpu_args, tpu_args in cases * 2:
+        for got, want in zip(compiled(*tpu_args), fn(*cpu_args)):
+            torch.testing.assert_close(got.cpu(), want)
+
+
 def test_forward_saves_views_of_weights_not_copies():
     """AOTAutograd's forward saves each linear layer's transposed weight for the backward;
     as in eager PyTorch it must be a view of the weight, not a second copy of it held

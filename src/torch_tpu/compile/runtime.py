@@ -111,31 +111,16 @@ class CompiledGraph:
     def __call__(self, args: list) -> list:
         tensors = list(args) + self.constants
         args.clear()
-        storages, slots, layouts, host = [], {}, [], {}
-        for k, t in enumerate(tensors):
-            if not isinstance(t, torch.Tensor):
-                # a size input: the executable is specialised on it; an opaque object
-                # (a DeviceMesh) only passes through to the outputs (backend.py checks)
-                layouts.append(int(t) if isinstance(t, int) else interpret.OPAQUE)
-                continue
-            if t.device.type != executor.DEVICE_TYPE:  # a CPU scalar (an optimizer's step)
-                host[k] = t
-                t = tensors[k] = executor.upload(t)
-            storage = storage_of(t)
-            slot = slots.setdefault(id(storage), len(storages))
-            if slot == len(storages):
-                storages.append(storage)
-            layouts.append((slot, view_of(t, storage)))
+        key, storages, host = self._describe(tensors)
         arrays = [s.array(f"compiled graph {self.name}") for s in storages]
         if self.random_nodes:
             seed, counter = rng.next_key_inputs()
             for _ in range(len(self.random_nodes) - 1):
                 rng.next_key_inputs()
             arrays += [np.uint64(seed), np.uint64(counter)]  # host scalars: ~1 us each
-        layouts = tuple(layouts)
-        entry = self.executables.get(layouts)
+        entry = self.executables.get(key)
         if entry is None:
-            entry = self.executables[layouts] = self._compile(layouts, arrays)
+            entry = self.executables[key] = self._compile(self._layouts(tensors), arrays)
         executable, written_slots = entry
         for slot in written_slots:
             if not donation.held_only_by(arrays, slot, 2):  # its storage, this list
@@ -172,6 +157,51 @@ class CompiledGraph:
             else:
                 out.append(index)
         return out
+
+    def _describe(self, tensors: list) -> tuple[tuple, list, dict]:
+        """(key, storages, host inputs) of one call. The key is flat, cheap to build and
+        hash (it runs on every call, over every parameter of a training step): per
+        tensor its storage slot (an int) and six more items, per size input a 1-tuple.
+        A CPU input (an optimizer's step) is uploaded in place in `tensors`."""
+        key: list = []
+        storages: list = []
+        slots: dict = {}
+        host: dict = {}
+        for k, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                # a size input: the executable is specialised on it; an opaque object
+                # (a DeviceMesh) only passes through to the outputs (backend.py checks)
+                key.append((int(t) if isinstance(t, int) else interpret.OPAQUE,))
+                continue
+            try:
+                storage = t.untyped_storage()._tpu
+            except AttributeError:
+                if t.device.type != executor.DEVICE_TYPE:  # a CPU scalar (optimizer step)
+                    host[k] = t
+                    t = tensors[k] = executor.upload(t)
+                storage = storage_of(t)
+            slot = slots.get(id(storage))
+            if slot is None:
+                slot = slots[id(storage)] = len(storages)
+                storages.append(storage)
+            key += (slot, t.shape, t.stride(), t.storage_offset(), t.dtype, storage.numel,
+                    storage.dtype)  # fmt: skip
+        return tuple(key), storages, host
+
+    @staticmethod
+    def _layouts(tensors: list) -> tuple:
+        """What the interpreter specialises an executable on, per input: (storage slot,
+        View) for a tensor, the value of a size input, OPAQUE for anything else."""
+        slots: dict = {}
+        layouts = []
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                layouts.append(int(t) if isinstance(t, int) else interpret.OPAQUE)
+                continue
+            storage = storage_of(t)
+            slot = slots.setdefault(id(storage), len(slots))
+            layouts.append((slot, view_of(t, storage)))
+        return tuple(layouts)
 
     def _compile(self, layouts: tuple, arrays: list) -> tuple:
         """(executable, storage slots it writes and donates) for this input layout."""
