@@ -114,7 +114,8 @@ class TinyDecoder(nn.Module):
 
 def step(model: TinyDecoder, ids, cache_pos, pos_ids, key_valid, last, *cache):
     """One forward over `ids` (batch, length) written at `cache_pos`; returns every row's
-    greedy next token, from the logits at position `last` (a 1-element index)."""
+    greedy next token, from the logits at position `last` (a 1-element index), and the
+    positions advanced by one (a decode step's inputs for the next step)."""
     x = model.embed(ids)
     freqs = pos_ids[..., None].float() * model.inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)[:, None]
@@ -124,7 +125,7 @@ def step(model: TinyDecoder, ids, cache_pos, pos_ids, key_valid, last, *cache):
     for k, layer in enumerate(model.layers):
         x = layer(x, cos, sin, cache_pos, mask, cache[2 * k], cache[2 * k + 1])
     x = model.norm(x.index_select(1, last))
-    return model.head(x)[:, 0].argmax(-1)
+    return model.head(x)[:, 0].argmax(-1), cache_pos + 1, pos_ids + 1
 
 
 def generate(
@@ -146,22 +147,24 @@ def generate(
     key_valid = key_valid.to(device)
 
     start = time.perf_counter()
-    token = step_fn(
+    token, _, _ = step_fn(
         model, ids.to(device), torch.arange(length).to(device), pos_ids.to(device),
         key_valid, torch.tensor([length - 1]).to(device), *cache,
     )  # fmt: skip
     first = token.cpu()  # waits for the prefill
     prefill = time.perf_counter() - start
-    # The decode loop stays on the device: positions advance there, and the tokens are
-    # read once at the end (a read per step would wait for every step in turn).
+    # The decode loop stays on the device: each step computes the next one's positions,
+    # and the tokens are read once at the end (a read per step would wait for every
+    # step in turn).
     start = time.perf_counter()
     zero = torch.zeros(1, dtype=torch.long).to(device)
     cache_pos, pos_ids = torch.tensor([length]).to(device), lengths[:, None].to(device)
     out = []
     for _ in range(1, new_tokens):
-        token = step_fn(model, token[:, None], cache_pos, pos_ids, key_valid, zero, *cache)
+        token, cache_pos, pos_ids = step_fn(
+            model, token[:, None], cache_pos, pos_ids, key_valid, zero, *cache
+        )
         out.append(token)
-        cache_pos, pos_ids = cache_pos + 1, pos_ids + 1
     tokens = torch.cat([first[:, None], torch.stack(out, 1).cpu()], 1) if out else first[:, None]
     return tokens, (prefill, time.perf_counter() - start)
 
