@@ -1,8 +1,9 @@
 """Cheaper first calls: what a new shape costs must change nothing a user can see.
 
 - Small per-op programs of exactly rounded arithmetic and data movement compile
-  with XLA:CPU's LLVM fusion emitters (faster to compile); their results must be
-  bit-identical to XLA's default emitters, and nothing else may use them.
+  with XLA:CPU's LLVM fusion emitters at LLVM optimization level 1 (faster to
+  compile); their results must be bit-identical to XLA's default emitters and
+  level, and nothing else may use them.
 - Reading back a tensor that spans its whole storage needs no read program; the
   values, dtype and shape must equal CPU's, and other views still compile one.
 """
@@ -26,6 +27,8 @@ pytestmark = pytest.mark.skipif(
 def _ops():
     return {
         "add": lambda a, b: a + b * 0.5,
+        "addcmul": lambda a, b: torch.addcmul(a, a, b, value=0.7),
+        "float64 mul add": lambda a, b: a.double() * 1.1 + b.double(),
         "div": lambda a, b: a / (b.abs() + 0.1),
         "addcdiv": lambda a, b: torch.addcdiv(a, b, b.abs() + 1, value=0.3),
         "lerp": lambda a, b: torch.lerp(a, b, 0.1),
@@ -48,13 +51,17 @@ def _ops():
     }
 
 
-def test_small_programs_give_xla_default_results_bit_for_bit():
-    a = torch.randn(7, 9).to("tpu")
-    b = torch.randn(7, 9).to("tpu")
+@pytest.mark.parametrize("shape", [(7, 9), (61, 67)])  # tiny; just under the size limit
+def test_small_programs_give_xla_default_results_bit_for_bit(shape):
+    a = torch.randn(shape).to("tpu")
+    b = torch.randn(shape).to("tpu")
     ops = _ops()
     fast = {name: fn(a, b).cpu() for name, fn in ops.items()}
-    # the block's options override the small-program default: XLA's own emitters
-    with cache.compiler_options(xla_cpu_use_fusion_emitters=True):
+    # the block's options override the small-program default: XLA's own emitters, at
+    # XLA's own optimization level
+    with cache.compiler_options(
+        xla_cpu_use_fusion_emitters=True, xla_backend_optimization_level=3
+    ):
         reference = {name: fn(a, b).cpu() for name, fn in ops.items()}
     for name in ops:
         assert fast[name].dtype == reference[name].dtype, name
