@@ -150,7 +150,8 @@ def render(cells: list[dict], cases: list, modes: list[str], seconds: float) -> 
         " max|tpu − cpu| / max|cpu| of any compared tensor; a tensor matches when"
         " `allclose(rtol=1e-3, atol=1e-4·max(1, max|cpu|))`. *first* is the first step"
         " (compiles included, in a fresh process with a warm or cold disk cache as found),"
-        " *steady* the mean of the next two; both against the CPU's eager step.",
+        " *steady* the mean of two steps after two more untimed ones (the first with"
+        " optimizer state); both against the CPU's eager step.",
         "",
         "## Summary",
         "",
