@@ -301,7 +301,8 @@ def _executable(kind: str, ranks: tuple[int, ...], params: tuple, value: int, sh
     `run` calls it with this rank's blocks as they are and takes its local outputs as
     they come: going through the jitted function instead would wrap every block in a
     global array and unwrap every output, which took about 60% of a small collective's
-    dispatch (a block on another device than the group's is refused by XLA)."""
+    dispatch. Every block is a tpu storage's array, on this process's device: the
+    group's device for this rank (`mesh.rank_devices`)."""
     layout = sharding(ranks)
     avals = [jax.ShapeDtypeStruct((len(ranks) * n,), dtype, sharding=layout) for n, dtype in shapes]
     compiled = _program(kind, ranks, params, value).lower(*avals).compile()
