@@ -30,7 +30,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import cache, metrics, rng
-from ..engine import donation, executor, modes
+from ..engine import donation, executor, fastpath, modes
 from ..tensor import new_tensor, storage_of, view_of
 from . import interpret
 
@@ -161,8 +161,9 @@ class CompiledGraph:
     def _describe(self, tensors: list) -> tuple[tuple, list, dict]:
         """(key, storages, host inputs) of one call. The key is flat, cheap to build and
         hash (it runs on every call, over every parameter of a training step): per
-        tensor its storage slot (an int) and six more items, per size input a 1-tuple.
-        A CPU input (an optimizer's step) is uploaded in place in `tensors`."""
+        tensor what the eager fast path's signature holds (`fastpath.add_tensor`), per
+        size input a 1-tuple. A CPU input (an optimizer's step) is uploaded in place in
+        `tensors`."""
         key: list = []
         storages: list = []
         slots: dict = {}
@@ -180,12 +181,7 @@ class CompiledGraph:
                     host[k] = t
                     t = tensors[k] = executor.upload(t)
                 storage = storage_of(t)
-            slot = slots.get(id(storage))
-            if slot is None:
-                slot = slots[id(storage)] = len(storages)
-                storages.append(storage)
-            key += (slot, t.shape, t.stride(), t.storage_offset(), t.dtype, storage.numel,
-                    storage.dtype)  # fmt: skip
+            fastpath.add_tensor(t, storage, key, storages, slots)
         return tuple(key), storages, host
 
     @staticmethod

@@ -91,12 +91,19 @@ def _tensor(t: torch.Tensor, key: list, storages: list, slots: dict) -> bool:
         storage = t.untyped_storage()._tpu
     except AttributeError:  # a CPU or meta tensor, or a storage PyTorch re-wrapped
         return False
+    add_tensor(t, storage, key, storages, slots)
+    return True
+
+
+def add_tensor(t: torch.Tensor, storage, key: list, storages: list, slots: dict) -> None:
+    """Append tpu tensor t (over `storage`) to a flat signature: its storage's slot (the
+    order storages first appear in; `storages` and `slots` collect them) and six more
+    items, its geometry and dtypes. Compiled graphs key their executables the same way."""
     slot = slots.get(id(storage))
     if slot is None:
         slot = slots[id(storage)] = len(storages)
         storages.append(storage)
     key += (slot, t.shape, t.stride(), t.storage_offset(), t.dtype, storage.numel, storage.dtype)
-    return True
 
 
 def _frozen(value: list):
