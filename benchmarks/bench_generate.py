@@ -5,7 +5,8 @@ The model and the decode loop are examples/generate.py's (a small Llama-style
 decoder from random weights, a preallocated cache written with index_copy_).
 Each variant first runs warm-up batches whose longest prompts land in every
 bucket, then measured batches of new mixed prompt lengths (no longest length
-repeats a warm-up's). Per variant: prefill time per batch, decode tokens per
+repeats a warm-up's), every variant running each batch in turn. Per variant: prefill time
+per batch, decode tokens per
 second (batch x decoded tokens / decode seconds), and what compiled during the
 measured batches: XLA programs for tpu (`torch_tpu.metrics`), Dynamo graphs for
 Inductor. Last, whether a compiled decode step writes the cache into the buffer
@@ -16,6 +17,9 @@ it read (donation) or into a new one (a copy of the cache per step and layer).
 - tpu fused: fused eager; the host pads the prompt batch to its bucket.
 - CPU eager: PyTorch on the CPU, prompts at their own length.
 - CPU Inductor: torch.compile(step) on the CPU (automatic dynamic shapes).
+- JAX jit: the same decoder and loop written by hand in JAX (benchmarks/jax_decoder.py),
+  one jitted step with the cache donated: what XLA itself reaches here, with no
+  PyTorch in the loop (prompts padded to their bucket on the host, as fused mode's).
 
 Run: python benchmarks/bench_generate.py [--batch 8] [--new-tokens 32] [--no-inductor]
      [--threads N]
@@ -28,7 +32,11 @@ import importlib.util
 import pathlib
 import statistics
 import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+import jax_decoder  # (a script: its own folder is sys.path[0])
 import torch
 
 import torch_tpu  # noqa: F401
@@ -56,35 +64,79 @@ def dynamo_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def run(name, step_fn, device, host_bucket, args, eager="strict"):
+@dataclass
+class Variant:
+    """One way to generate: generate(lengths, seed) -> (tokens, (prefill s, decode s))."""
+
+    name: str
+    generate: Callable
+    counts: str = "dynamo"  # which compiles to report: "dynamo", "xla" or "both"
+    prefill: list = field(default_factory=list)
+    decode: list = field(default_factory=list)
+    tokens: list = field(default_factory=list)
+    compiles: Counter = field(default_factory=Counter)
+
+
+def torch_variant(name, step_fn, device, host_bucket, args, eager="strict", counts="dynamo"):
     model = example.build(0, example.Config()).to(device)
+
+    def generate(lengths, seed):
+        prompts = example.prompts_of(lengths, model.c.vocab, seed=seed)
+        with torch.no_grad(), torch.tpu.set_eager_mode(eager):
+            return example.generate(step_fn, model, prompts, args.new_tokens, device, host_bucket)
+
+    return Variant(name, generate, counts)
+
+
+def jax_variant(args) -> Variant:
+    """The hand-written JAX decoder on the same weights, prompts and loop."""
+    config = example.Config()
+    params = jax_decoder.params_of(example.build(0, config))
+    step = jax_decoder.make_step(config)
+
+    def generate(lengths, seed):
+        prompts = example.prompts_of(lengths, config.vocab, seed=seed)
+        return jax_decoder.generate(
+            step, params, config, prompts, args.new_tokens, args.bucket_size
+        )
+
+    generate.step = step
+    return Variant("jax jit", generate, "jax")
+
+
+def compile_counts(variants) -> Counter:
+    counts = Counter(xla=metrics.snapshot().get("compiles", 0), dynamo=dynamo_graphs())
+    for v in variants:
+        if v.counts == "jax":
+            counts["jax"] += v.generate.step._cache_size()
+    return counts
+
+
+def measure(variants: list[Variant], args) -> None:
+    """Warm-up batches (one per bucket) for every variant, then each measured batch run by
+    every variant in turn, so that the machine's drift hits them alike."""
     warmup = [[args.bucket_size - 1] * args.batch, [2 * args.bucket_size - 1] * args.batch]
-    measured = batches(args.batch, args.bucket_size, args.rounds, seed=1)
-    prefill, decode, tokens = [], [], []
-    with torch.no_grad(), torch.tpu.set_eager_mode(eager):
+    for v in variants:
         for lengths in warmup:
-            prompts = example.prompts_of(lengths, model.c.vocab)
-            example.generate(step_fn, model, prompts, args.new_tokens, device, host_bucket)
-        xla, graphs = metrics.snapshot().get("compiles", 0), dynamo_graphs()
-        for k, lengths in enumerate(measured):
-            prompts = example.prompts_of(lengths, model.c.vocab, seed=k)
-            out, (p, d) = example.generate(
-                step_fn, model, prompts, args.new_tokens, device, host_bucket
-            )
-            prefill.append(p)
-            decode.append(d)
-            tokens.append(out)
-        xla = metrics.snapshot().get("compiles", 0) - xla
-        graphs = dynamo_graphs() - graphs
-    rate = args.batch * (args.new_tokens - 1) / statistics.median(decode)
-    compiles = f"{xla} XLA" if device == "tpu" else f"{graphs} Dynamo graphs"
-    if device == "tpu" and step_fn is not example.step:
-        compiles += f", {graphs} Dynamo graphs"
-    print(
-        f"{name:<14}{statistics.median(prefill) * 1e3:>12.1f}{rate:>14.0f}   {compiles}",
-        flush=True,
-    )
-    return tokens
+            v.generate(lengths, 1)
+    for k, lengths in enumerate(batches(args.batch, args.bucket_size, args.rounds, seed=1)):
+        for v in variants:
+            before = compile_counts(variants)
+            out, (p, d) = v.generate(lengths, k)
+            v.compiles.update(compile_counts(variants))
+            v.compiles.subtract(before)
+            v.prefill.append(p)
+            v.decode.append(d)
+            v.tokens.append(out)
+    for v in variants:
+        rate = args.batch * (args.new_tokens - 1) / statistics.median(v.decode)
+        counts = {
+            "dynamo": f"{v.compiles['dynamo']} Dynamo graphs",
+            "jax": f"{v.compiles['jax']} XLA",
+            "xla": f"{v.compiles['xla']} XLA",
+            "both": f"{v.compiles['xla']} XLA, {v.compiles['dynamo']} Dynamo graphs",
+        }[v.counts]
+        print(f"{v.name:<14}{statistics.median(v.prefill) * 1e3:>12.1f}{rate:>14.0f}   {counts}")
 
 
 def cache_donated(args) -> str:
@@ -136,19 +188,26 @@ def main() -> None:
         f"torch CPU threads {torch.get_num_threads()}"
     )
     print(f"{'variant':<14}{'prefill ms':>12}{'decode tok/s':>14}   compiles while measured")
-    reference = run("cpu eager", example.step, "cpu", None, args)
-    results = {
-        "tpu compiled": run(
-            "tpu compiled", example.compiled_step(args.bucket_size), "tpu", None, args
-        ),
-        "tpu fused": run("tpu fused", example.step, "tpu", args.bucket_size, args, "fused"),
-    }
+    variants = [
+        torch_variant("cpu eager", example.step, "cpu", None, args),
+        torch_variant(
+            "tpu compiled",
+            example.compiled_step(args.bucket_size),
+            "tpu",
+            None,
+            args,
+            counts="both",
+        ),  # fmt: skip
+        torch_variant("tpu fused", example.step, "tpu", args.bucket_size, args, "fused", "xla"),
+        jax_variant(args),
+    ]
     if not args.no_inductor:
         inductor = torch.compile(example.step, backend="inductor")
-        results["cpu inductor"] = run("cpu inductor", inductor, "cpu", None, args)
-    for name, tokens in results.items():
-        same = all(torch.equal(a, b) for a, b in zip(tokens, reference))
-        print(f"{name}: greedy tokens {'equal' if same else 'DIFFER from'} CPU eager's")
+        variants.append(torch_variant("cpu inductor", inductor, "cpu", None, args))
+    measure(variants, args)
+    for v in variants[1:]:
+        same = all(torch.equal(a, b) for a, b in zip(v.tokens, variants[0].tokens))
+        print(f"{v.name}: greedy tokens {'equal' if same else 'DIFFER from'} CPU eager's")
     print(cache_donated(args))
 
 

@@ -3,7 +3,9 @@
 A tpu storage holds one flat array; a tensor is (shape, strides, offset) into
 it, exactly as on CPU. These functions run inside jitted executables, so the
 common layouts (contiguous, permuted, broadcast) cost a reshape or transpose,
-and only irregular ones pay for a gather or scatter.
+regular strided ones (a slice of the last dim, a column, one of `unbind`'s or
+`chunk`'s parts) a reshape and a static slice, and only irregular ones (strides
+that do not nest, overlapping windows) pay for a gather or scatter.
 """
 
 from __future__ import annotations
@@ -88,6 +90,43 @@ def is_dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return order is not None and len(order) == sum(1 for n in shape if n != 1)
 
 
+class _Grid(NamedTuple):
+    """A strided view as a static slice of its storage region reshaped to a grid.
+
+    With the view's non-size-1, non-broadcast dims ordered by stride s_0 > ... > s_k
+    (sizes n_0..n_k), each stride a multiple of the next and each dim fitting inside
+    the next larger stride, element (i_0, ..., i_k) sits at offset + sum(i_j * s_j):
+    the region flat[offset : offset + n_0 * s_0] reshaped to
+    (n_0, s_0 / s_1, ..., s_(k-1) / s_k, s_k) holds it at (i_0, ..., i_k, 0)."""
+
+    order: list[int]  # the view's dims, largest stride first
+    shape: tuple[int, ...]  # the region's grid
+    limits: tuple[int, ...]  # the view's corner of the grid: (n_0, ..., n_k, 1)
+
+
+def _grid(view: View) -> _Grid | None:
+    dims = [d for d, n in enumerate(view.shape) if n != 1 and view.strides[d] != 0]
+    order = sorted(dims, key=lambda d: -view.strides[d])
+    if not order or any(view.strides[d] < 0 for d in order):
+        return None
+    strides = [view.strides[d] for d in order]
+    sizes = [view.shape[d] for d in order]
+    for k in range(1, len(order)):
+        if strides[k - 1] % strides[k] or sizes[k] * strides[k] > strides[k - 1]:
+            return None
+    steps = [strides[k - 1] // strides[k] for k in range(1, len(order))]
+    return _Grid(order, (sizes[0], *steps, strides[-1]), (*sizes, 1))
+
+
+def _region(typed, offset: int, length: int):
+    """typed[offset : offset + length], zero-padded where it runs past the end."""
+    end = min(offset + length, typed.shape[0])
+    region = lax.slice(typed, (offset,), (end,))
+    if end - offset < length:
+        region = jnp.pad(region, (0, length - (end - offset)))
+    return region
+
+
 def _indices(view: View):
     idx = jnp.full(view.shape, view.offset, dtype=jnp.int64)
     for d, (n, s) in enumerate(zip(view.shape, view.strides)):
@@ -103,13 +142,19 @@ def read(flat, view: View):
         return jnp.zeros(view.shape, view.dtype)
     flat = _reinterpret(flat, view.storage_dtype, view.dtype)
     order = _dense_order(view.shape, view.strides)
-    if order is None:
+    if order is not None:
+        dense_numel = math.prod(view.shape[d] for d in order)
+        block = flat
+        if view.offset != 0 or dense_numel != flat.shape[0]:
+            block = lax.slice(flat, (view.offset,), (view.offset + dense_numel,))
+        block = block.reshape([view.shape[d] for d in order])
+    elif (grid := _grid(view)) is not None:
+        order = grid.order
+        region = _region(flat, view.offset, math.prod(grid.shape))
+        corner = lax.slice(region.reshape(grid.shape), (0,) * len(grid.shape), grid.limits)
+        block = corner.reshape(grid.limits[:-1])
+    else:
         return flat[_indices(view)]
-    dense_numel = math.prod(view.shape[d] for d in order)
-    block = flat
-    if view.offset != 0 or dense_numel != flat.shape[0]:
-        block = lax.slice(flat, (view.offset,), (view.offset + dense_numel,))
-    block = block.reshape([view.shape[d] for d in order])
     # Put the dense dims back in their places, then broadcast the rest.
     kept = sorted(order)
     block = jnp.transpose(block, [order.index(d) for d in kept])
@@ -148,7 +193,8 @@ def write(flat, view: View, value):
     value = jnp.broadcast_to(value.astype(view.dtype), view.shape)
     typed = _reinterpret(flat, view.storage_dtype, view.dtype)
     order = _dense_order(view.shape, view.strides)
-    if order is not None and len(order) == sum(1 for n in view.shape if n != 1):
+    broadcast = any(n != 1 and s == 0 for n, s in zip(view.shape, view.strides))
+    if order is not None and not broadcast:
         kept = sorted(order)
         dense = value.reshape([view.shape[d] for d in kept])
         dense = jnp.transpose(dense, [kept.index(d) for d in order]).reshape(-1)
@@ -156,6 +202,19 @@ def write(flat, view: View, value):
             typed = dense
         else:
             typed = lax.dynamic_update_slice(typed, dense, (view.offset,))
+    elif not broadcast and (grid := _grid(view)) is not None:
+        # (a broadcast dim would write one element many times: the scatter below)
+        kept = sorted(grid.order)
+        dense = value.reshape([view.shape[d] for d in kept])
+        dense = jnp.transpose(dense, [kept.index(d) for d in grid.order])
+        length = math.prod(grid.shape)
+        region = _region(typed, view.offset, length).reshape(grid.shape)
+        region = lax.dynamic_update_slice(
+            region, dense.reshape(grid.limits), (0,) * len(grid.shape)
+        ).reshape(-1)
+        end = min(view.offset + length, typed.shape[0])
+        region = lax.slice(region, (0,), (end - view.offset,))
+        typed = lax.dynamic_update_slice(typed, region, (view.offset,))
     else:
         typed = typed.at[_indices(view).reshape(-1)].set(value.reshape(-1))
     return _reinterpret(typed, view.dtype, view.storage_dtype)

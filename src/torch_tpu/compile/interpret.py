@@ -319,7 +319,9 @@ def _view(node: torch.fx.Node, env: dict, storages: dict):
     in complex backward graphs): its values are then the storage's conjugated or
     negated, relative to the root's own bits."""
     root = node
-    while root.op == "call_function" and getattr(root.target, "is_view", False):
+    while root.op == "call_function" and (
+        getattr(root.target, "is_view", False) or _part_of_view(root)
+    ):
         root = root.args[0]
     storage, root_view = storages.get(root, (None, None))
     if storage is None:
@@ -333,6 +335,14 @@ def _view(node: torch.fx.Node, env: dict, storages: dict):
     if isinstance(val, (list, tuple)):
         return [_read(storage, root_view, v, base) for v in val]
     return _read(storage, root_view, val, base)
+
+
+def _part_of_view(node: torch.fx.Node) -> bool:
+    """A getitem of a view op's list (unbind, split, chunk): also a view of that op's
+    input. Stopping at it would lay the part into a storage of its own (a scatter at
+    its strides) before a view of the part could read it (a gather)."""
+    source = node.args[0] if node.target is operator.getitem else None
+    return isinstance(source, torch.fx.Node) and getattr(source.target, "is_view", False)
 
 
 def _read(storage, root_view: strided.View, val, base):

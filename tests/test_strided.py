@@ -1,0 +1,101 @@
+"""strided.read / strided.write against numpy's own strided views, for every kind of
+geometry: dense, permuted, broadcast, regular strided (sliced, a column, one part of an
+unbind), offset to the storage's end, overlapping and non-nesting strides."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from torch_tpu import strided
+
+GEOMETRIES = [  # (storage numel, shape, strides, offset)
+    (24, (2, 3, 4), (12, 4, 1), 0),  # contiguous
+    (24, (4, 3, 2), (1, 4, 12), 0),  # permuted
+    (64, (4, 8), (16, 1), 0),  # x[..., :8] of (4, 16)
+    (64, (4, 8), (16, 1), 8),  # x[..., 8:]: the region runs past the storage's end
+    (64, (4,), (16,), 15),  # a column
+    (256, (4, 2, 1, 16), (64, 16, 64, 1), 32),  # unbind(2)[1] of a (4, 2, 2, 16) transpose
+    (60, (3, 2, 5), (20, 1, 4), 1),  # strided, permuted, offset
+    (48, (2, 3, 2), (24, 6, 2), 3),  # every dim strided
+    (16, (2, 3, 4), (8, 0, 1), 0),  # broadcast dim next to a strided one
+    (9, (1, 3, 1), (5, 3, 9), 0),  # size-1 dims with odd strides
+]
+IRREGULAR = [
+    (10, (3, 4), (2, 1), 0),  # overlapping windows (unfold)
+    (30, (3, 4), (7, 2), 1),  # strides that do not nest
+]
+
+
+F32 = jnp.dtype(jnp.float32)
+
+
+def _view(numel, shape, strides, offset, dtype=F32):
+    return strided.View(shape, strides, offset, dtype, numel, dtype)
+
+
+def _numpy_view(flat: np.ndarray, shape, strides, offset):
+    item = flat.itemsize
+    return np.lib.stride_tricks.as_strided(
+        flat[offset:], shape, tuple(s * item for s in strides), writeable=True
+    )
+
+
+def _ops(fn, *args) -> set[str]:
+    return {str(e.primitive) for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns}
+
+
+def _overlaps(shape, strides) -> bool:
+    """Does writing through the view hit some element twice?"""
+    seen = _numpy_view(np.arange(10_000), shape, strides, 0).reshape(-1)
+    return len(set(seen.tolist())) != seen.size
+
+
+@pytest.mark.parametrize("numel, shape, strides, offset", GEOMETRIES + IRREGULAR)
+def test_read_matches_numpy(numel, shape, strides, offset):
+    flat = np.arange(numel, dtype=np.float32) * 1.5 - 3
+    view = _view(numel, shape, strides, offset)
+    got = np.asarray(jax.jit(lambda f: strided.read(f, view))(flat))
+    np.testing.assert_array_equal(got, _numpy_view(flat, shape, strides, offset))
+
+
+@pytest.mark.parametrize("numel, shape, strides, offset", GEOMETRIES + IRREGULAR)
+def test_write_matches_numpy(numel, shape, strides, offset):
+    if _overlaps(shape, strides):
+        pytest.skip("writing through an overlapping view has no single answer")
+    flat = np.arange(numel, dtype=np.float32)
+    value = -1 - np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    view = _view(numel, shape, strides, offset)
+    got = np.asarray(jax.jit(lambda f, v: strided.write(f, view, v))(flat, value))
+    expected = flat.copy()
+    _numpy_view(expected, shape, strides, offset)[...] = value
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("numel, shape, strides, offset", GEOMETRIES)
+def test_regular_views_need_no_gather_or_scatter(numel, shape, strides, offset):
+    """Slices and strided parts are read with a reshape and a static slice, and written
+    with a static update: a gather or scatter is many times slower (on a TPU above all)."""
+    view = _view(numel, shape, strides, offset)
+    flat = jnp.zeros((numel,), jnp.float32)
+    assert "gather" not in _ops(lambda f: strided.read(f, view), flat)
+    if 0 not in strides:
+        value = jnp.zeros(shape, jnp.float32)
+        assert "scatter" not in _ops(lambda f, v: strided.write(f, view, v), flat, value)
+
+
+def test_irregular_views_are_still_read_by_gather():
+    """The fallback stays: overlapping windows and non-nesting strides."""
+    for numel, shape, strides, offset in IRREGULAR:
+        view = _view(numel, shape, strides, offset)
+        assert "gather" in _ops(lambda f: strided.read(f, view), jnp.zeros((numel,)))
+
+
+def test_read_through_another_dtype():
+    """A strided view of an int32 storage read as float32 (Tensor.view(dtype))."""
+    flat = np.arange(64, dtype=np.int32)
+    view = strided.View((4, 8), (16, 1), 8, F32, 64, jnp.dtype(jnp.int32))
+    got = np.asarray(jax.jit(lambda f: strided.read(f, view))(flat))
+    np.testing.assert_array_equal(got, _numpy_view(flat.view(np.float32), (4, 8), (16, 1), 8))
