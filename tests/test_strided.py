@@ -15,7 +15,8 @@ GEOMETRIES = [  # (storage numel, shape, strides, offset)
     (24, (2, 3, 4), (12, 4, 1), 0),  # contiguous
     (24, (4, 3, 2), (1, 4, 12), 0),  # permuted
     (64, (4, 8), (16, 1), 0),  # x[..., :8] of (4, 16)
-    (64, (4, 8), (16, 1), 8),  # x[..., 8:]: the region runs past the storage's end
+    (64, (4, 8), (16, 1), 8),  # x[..., 8:]: read from the region before the offset
+    (58, (4, 8), (16, 1), 2),  # a storage ending at the view's last element: padded
     (64, (4,), (16,), 15),  # a column
     (256, (4, 2, 1, 16), (64, 16, 64, 1), 32),  # unbind(2)[1] of a (4, 2, 2, 16) transpose
     (60, (3, 2, 5), (20, 1, 4), 1),  # strided, permuted, offset
@@ -86,11 +87,22 @@ def test_regular_views_need_no_gather_or_scatter(numel, shape, strides, offset):
         assert "scatter" not in _ops(lambda f, v: strided.write(f, view, v), flat, value)
 
 
+def test_a_slice_of_the_last_dim_is_read_in_place():
+    """x[..., 8:] of a (4, 16) tensor: the region starts before the offset, so nothing
+    is padded (a pad copies the whole region)."""
+    view = _view(64, (4, 8), (16, 1), 8)
+    assert not {"pad", "gather"} & _ops(lambda f: strided.read(f, view), jnp.zeros((64,), F32))
+    value = jnp.zeros((4, 8), F32)
+    assert not {"pad", "scatter"} & _ops(
+        lambda f, v: strided.write(f, view, v), jnp.zeros((64,), F32), value
+    )
+
+
 def test_irregular_views_are_still_read_by_gather():
     """The fallback stays: overlapping windows and non-nesting strides."""
     for numel, shape, strides, offset in IRREGULAR:
         view = _view(numel, shape, strides, offset)
-        assert "gather" in _ops(lambda f: strided.read(f, view), jnp.zeros((numel,)))
+        assert "gather" in _ops(lambda f, v=view: strided.read(f, v), jnp.zeros((numel,), F32))
 
 
 def test_read_through_another_dtype():

@@ -91,20 +91,28 @@ def is_dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
 
 
 class _Grid(NamedTuple):
-    """A strided view as a static slice of its storage region reshaped to a grid.
+    """A strided view as a static slice of a storage region reshaped to a grid.
 
     With the view's non-size-1, non-broadcast dims ordered by stride s_0 > ... > s_k
     (sizes n_0..n_k), each stride a multiple of the next and each dim fitting inside
-    the next larger stride, element (i_0, ..., i_k) sits at offset + sum(i_j * s_j):
-    the region flat[offset : offset + n_0 * s_0] reshaped to
-    (n_0, s_0 / s_1, ..., s_(k-1) / s_k, s_k) holds it at (i_0, ..., i_k, 0)."""
+    the next larger stride, the n_0 * s_0 elements from `start` reshaped to
+    (n_0, s_0 / s_1, ..., s_(k-1) / s_k, s_k) hold element (i_0, ..., i_k) at
+    corner + (i_0, ..., i_k, 0). The region starts at the view's offset, or earlier
+    when that keeps it inside the storage (`x[..., 8:]`: the offset then becomes the
+    corner); else it runs past the end, padded with zeros."""
 
     order: list[int]  # the view's dims, largest stride first
     shape: tuple[int, ...]  # the region's grid
-    limits: tuple[int, ...]  # the view's corner of the grid: (n_0, ..., n_k, 1)
+    limits: tuple[int, ...]  # the view's extent in the grid: (n_0, ..., n_k, 1)
+    start: int  # where the region starts in the storage
+    end: int  # where it ends, at most the storage's end
+    padding: int  # zeros after the storage's end
+    corner: tuple[int, ...]  # the view's first element in the grid
 
 
-def _grid(view: View) -> _Grid | None:
+def _grid(view: View, numel: int) -> _Grid | None:
+    """The grid for view over a storage of numel elements (of the view's dtype), or None
+    when its strides do not nest (overlapping windows, irregular as_strided)."""
     dims = [d for d, n in enumerate(view.shape) if n != 1 and view.strides[d] != 0]
     order = sorted(dims, key=lambda d: -view.strides[d])
     if not order or any(view.strides[d] < 0 for d in order):
@@ -114,17 +122,25 @@ def _grid(view: View) -> _Grid | None:
     for k in range(1, len(order)):
         if strides[k - 1] % strides[k] or sizes[k] * strides[k] > strides[k - 1]:
             return None
-    steps = [strides[k - 1] // strides[k] for k in range(1, len(order))]
-    return _Grid(order, (sizes[0], *steps, strides[-1]), (*sizes, 1))
+    shape = (sizes[0], *(strides[k - 1] // strides[k] for k in range(1, len(order))), strides[-1])
+    limits = (*sizes, 1)
+    length = sizes[0] * strides[0]
+    start = max(0, min(view.offset, numel - length))
+    corner, rest = [], view.offset - start
+    for place in (*strides, 1):
+        corner.append(rest // place)
+        rest %= place
+    if any(c + n > size for c, n, size in zip(corner, limits, shape)):
+        start, corner = view.offset, [0] * len(shape)
+    end = min(start + length, numel)
+    return _Grid(order, shape, limits, start, end, start + length - end, tuple(corner))
 
 
-def _region(typed, offset: int, length: int):
-    """typed[offset : offset + length], zero-padded where it runs past the end."""
-    end = min(offset + length, typed.shape[0])
-    region = lax.slice(typed, (offset,), (end,))
-    if end - offset < length:
-        region = jnp.pad(region, (0, length - (end - offset)))
-    return region
+def _region(typed, grid: _Grid):
+    region = lax.slice(typed, (grid.start,), (grid.end,))
+    if grid.padding:
+        region = jnp.pad(region, (0, grid.padding))
+    return region.reshape(grid.shape)
 
 
 def _indices(view: View):
@@ -148,11 +164,10 @@ def read(flat, view: View):
         if view.offset != 0 or dense_numel != flat.shape[0]:
             block = lax.slice(flat, (view.offset,), (view.offset + dense_numel,))
         block = block.reshape([view.shape[d] for d in order])
-    elif (grid := _grid(view)) is not None:
+    elif (grid := _grid(view, flat.shape[0])) is not None:
         order = grid.order
-        region = _region(flat, view.offset, math.prod(grid.shape))
-        corner = lax.slice(region.reshape(grid.shape), (0,) * len(grid.shape), grid.limits)
-        block = corner.reshape(grid.limits[:-1])
+        end = tuple(c + n for c, n in zip(grid.corner, grid.limits))
+        block = lax.slice(_region(flat, grid), grid.corner, end).reshape(grid.limits[:-1])
     else:
         return flat[_indices(view)]
     # Put the dense dims back in their places, then broadcast the rest.
@@ -202,19 +217,14 @@ def write(flat, view: View, value):
             typed = dense
         else:
             typed = lax.dynamic_update_slice(typed, dense, (view.offset,))
-    elif not broadcast and (grid := _grid(view)) is not None:
+    elif not broadcast and (grid := _grid(view, typed.shape[0])) is not None:
         # (a broadcast dim would write one element many times: the scatter below)
         kept = sorted(grid.order)
         dense = value.reshape([view.shape[d] for d in kept])
-        dense = jnp.transpose(dense, [kept.index(d) for d in grid.order])
-        length = math.prod(grid.shape)
-        region = _region(typed, view.offset, length).reshape(grid.shape)
-        region = lax.dynamic_update_slice(
-            region, dense.reshape(grid.limits), (0,) * len(grid.shape)
-        ).reshape(-1)
-        end = min(view.offset + length, typed.shape[0])
-        region = lax.slice(region, (0,), (end - view.offset,))
-        typed = lax.dynamic_update_slice(typed, region, (view.offset,))
+        dense = jnp.transpose(dense, [kept.index(d) for d in grid.order]).reshape(grid.limits)
+        region = lax.dynamic_update_slice(_region(typed, grid), dense, grid.corner)
+        region = lax.slice(region.reshape(-1), (0,), (grid.end - grid.start,))
+        typed = lax.dynamic_update_slice(typed, region, (grid.start,))
     else:
         typed = typed.at[_indices(view).reshape(-1)].set(value.reshape(-1))
     return _reinterpret(typed, view.dtype, view.storage_dtype)
