@@ -237,6 +237,51 @@ def child_step(workload: str) -> dict:
 # ----------------------------------------------------------------- parent side
 
 
+def _jax_cases():
+    """The substrate's own first call: the same kinds of op written in JAX, jitted at
+    a shape it has not seen (the first call traces, lowers and compiles)."""
+    import jax
+    import jax.numpy as jnp
+
+    return [
+        ("add", 2, lambda a, b: a + b),
+        ("mul scalar", 1, lambda a: a * 1.5),
+        ("exp", 1, jnp.exp),
+        ("tanh", 1, jnp.tanh),
+        ("where", 2, lambda a, b: jnp.where(a > 0, a, b)),
+        ("sum dim", 1, lambda a: a.sum(1)),
+        ("softmax", 1, lambda a: jax.nn.softmax(a, -1)),
+        ("transpose+contiguous", 1, lambda a: a.T.copy()),
+        ("layer_norm", 1, lambda a: (a - a.mean(-1, keepdims=True)) * jax.lax.rsqrt(
+            a.var(-1, keepdims=True) + 1e-5)),
+    ]  # fmt: skip
+
+
+def child_jax(shapes: int) -> dict:
+    import jax
+    import numpy as np
+
+    jax.jit(lambda a: a + 1)(np.ones(3, np.float32)).block_until_ready()  # start-up
+    calls = []
+    for k in range(shapes):
+        for name, arity, fn in _jax_cases():
+            inputs = [np.random.randn(6 + k, 10 + 2 * k).astype(np.float32)] * arity
+            w, c = time.perf_counter(), time.process_time()
+            jax.jit(fn)(*inputs).block_until_ready()
+            calls.append(dict(name=name, wall=time.perf_counter() - w, cpu=time.process_time() - c))
+    return dict(calls=calls)
+
+
+def print_jax(result: dict) -> None:
+    wall = [c["wall"] * 1e3 for c in result["calls"]]
+    names = list(dict.fromkeys(c["name"] for c in result["calls"]))
+    print(
+        f"[jax jit] the substrate's own first call at a new shape, {len(wall)} calls of "
+        f"{', '.join(names)}: median {statistics.median(wall):.1f} ms, "
+        f"p90 {_pct(wall, 0.9):.1f} ms"
+    )
+
+
 def run_child(src: str | None, what: list[str]) -> dict:
     """One child process with its own empty cache directory."""
     with tempfile.TemporaryDirectory() as cache_dir:
@@ -318,7 +363,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.child is not None:
         kind = args.child[0]
-        result = child_ops(int(args.child[1])) if kind == "ops" else child_step(kind)
+        if kind == "ops":
+            result = child_ops(int(args.child[1]))
+        elif kind == "jax":
+            result = child_jax(int(args.child[1]))
+        else:
+            result = child_step(kind)
         print(json.dumps(result))
         return
     sources = [("this", None)] + ([("baseline", args.compare)] if args.compare else [])
@@ -326,6 +376,8 @@ def main() -> None:
         for label, src in sources:
             if what == "ops":
                 print_ops(label, run_child(src, ["ops", str(args.shapes)]))
+                if label == "this":
+                    print_jax(run_child(src, ["jax", str(max(args.shapes, 3))]))
             else:
                 print_step(label, what, run_child(src, [what]))
     print(
