@@ -221,17 +221,24 @@ def run_all(src: Path, repeats: int) -> None:
         except Exception as e:  # noqa: BLE001 (report any failure to compile or run)
             rows.append(dict(program=name, error=f"{type(e).__name__}: {str(e)[:300]}"))
             continue
-        worst = None if not expected else 0.0
+        errors = []
         for g, e in zip(got, expected):
             g, e = np.asarray(g, np.float64), np.asarray(e, np.float64)
             scale = max(float(np.max(np.abs(e))), 1e-30) if e.size else 1.0
-            worst = max(worst, float(np.max(np.abs(g - e))) / scale if e.size else 0.0)
+            errors.append(float(np.max(np.abs(g - e))) / scale if e.size else 0.0)
+        check = {}
+        if errors:
+            worst = int(np.argmax(errors))
+            check = dict(
+                max_rel_error=errors[worst], worst_output=worst, outputs_compared=len(errors),
+                first_output_error=errors[0],
+            )  # fmt: skip
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
             jax.block_until_ready(fn(*args))
             times.append(time.perf_counter() - start)
-        rows.append(dict(program=name, ms=statistics.median(times) * 1e3, max_rel_error=worst))
+        rows.append(dict(program=name, ms=statistics.median(times) * 1e3, **check))
     for row in rows:
         print(json.dumps(row))
 
