@@ -148,12 +148,12 @@ def compiler_options(**options: object) -> Iterator[None]:
     global _options
     saved = _options
     _options = {**saved, **options}
-    _forget_lookups()
+    forget_lookups()
     try:
         yield
     finally:
         _options = saved
-        _forget_lookups()
+        forget_lookups()
 
 
 # ----------------------------------------------------------------- compile
@@ -493,7 +493,9 @@ def on_clear(hook: Callable[[], None]) -> None:
     _clear_hooks.append(hook)
 
 
-def _forget_lookups() -> None:
+def forget_lookups() -> None:
+    """Empty every registered lookup table (`on_clear`): the next call of each op or
+    graph looks its executable up again, through the program it traces now."""
     for hook in _clear_hooks:
         hook()
 
@@ -503,7 +505,7 @@ def clear(disk: bool = True) -> int:
     Returns the number of disk entries deleted."""
     global _disk_bytes
     _memory.clear()
-    _forget_lookups()
+    forget_lookups()
     removed = 0
     if disk:
         for path, _, _ in _entries():

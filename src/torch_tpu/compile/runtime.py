@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .. import cache, metrics, rng
+from .. import cache, metrics, precision, rng
 from ..engine import donation, executor, fastpath, modes
 from ..tensor import new_tensor, storage_of, view_of
 from . import interpret
@@ -109,6 +109,7 @@ class CompiledGraph:
         ]
 
     def __call__(self, args: list) -> list:
+        precision.sync()
         tensors = list(args) + self.constants
         args.clear()
         key, storages, host = self._describe(tensors)

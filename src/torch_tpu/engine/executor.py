@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 
-from .. import cache, dtypes, metrics, rng, strided
+from .. import cache, dtypes, metrics, precision, rng, strided
 from ..ops.pointwise import convert, scalar_type_name
 from ..ops.registry import Lowering
 from ..tensor import Fresh, new_tensor, replace_storage, storage_of, view_of
@@ -154,6 +154,7 @@ cache.on_clear(_CACHE.clear)
 
 def run(spec: OpSpec, args: tuple, kwargs: dict):
     """Execute one ATen call on tpu tensors; returns what the op returns."""
+    precision.sync()
     if modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
         return debug.guarded(_run, spec, args, kwargs)
     return _run(spec, args, kwargs)

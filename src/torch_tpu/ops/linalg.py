@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import jax.scipy.linalg
 import numpy as np
 
+from .. import precision
 from .registry import lower
 
-_HIGHEST = jax.lax.Precision.HIGHEST
 _tri_solve = jax.lax.linalg.triangular_solve
 
 
@@ -33,11 +33,15 @@ def _accumulator(*arrays):
 
 
 def _einsum(spec: str, a, b):
-    return jnp.einsum(spec, a, b, precision=_HIGHEST, preferred_element_type=_accumulator(a, b))
+    return jnp.einsum(
+        spec, a, b, precision=precision.matmul(), preferred_element_type=_accumulator(a, b)
+    )
 
 
 def _matmul(a, b):
-    return jnp.matmul(a, b, precision=_HIGHEST, preferred_element_type=_accumulator(a, b))
+    return jnp.matmul(
+        a, b, precision=precision.matmul(), preferred_element_type=_accumulator(a, b)
+    )
 
 
 def _scale_add(self, product, beta, alpha):

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import dtypes
+from .. import dtypes, precision
 from .registry import lower
 
 _HALF = (jnp.bfloat16, jnp.float16)
@@ -613,8 +613,8 @@ def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
 def _conv_precision(x):
     """Half inputs accumulate in float32 (rounded once by the engine), as CPU kernels do."""
     if x.dtype in _HALF:
-        return {"preferred_element_type": jnp.float32, "precision": lax.Precision.HIGHEST}
-    return {"precision": lax.Precision.HIGHEST}
+        return {"preferred_element_type": jnp.float32, "precision": precision.matmul()}
+    return {"precision": precision.matmul()}
 
 
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
