@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch_tpu import cache
 
 TOKENS = {"highest": "HIGHEST", "high": "HIGH", "medium": "DEFAULT"}
+PRECISION = re.compile(r"precision(?:_config)? = \[(?:#stablehlo<precision )?(\w+)")
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +48,7 @@ def _precisions(texts: list[str]) -> set[str]:
     for text in texts:
         for line in text.splitlines():
             if "stablehlo.dot_general" in line or "stablehlo.convolution" in line:
-                match = re.search(r"precision(?:_config)? = \[(?:#stablehlo<precision )?(\w+)", line)
+                match = PRECISION.search(line)
                 found.add(match.group(1) if match else "unset")
     return found
 
@@ -109,3 +110,16 @@ def test_native_multi_head_attention_sets_a_precision_on_every_product(lowered):
     torch.testing.assert_close(got.cpu(), expected)
     ops = [t for t in lowered if "stablehlo.dot_general" in t]
     assert ops and _precisions(ops) == {"HIGHEST"}
+
+
+def test_mixing_pytorchs_legacy_and_new_precision_apis_keeps_ops_running(lowered):
+    """set_float32_matmul_precision("high") and then allow_tf32 = False leave PyTorch
+    refusing to answer get_float32_matmul_precision() (a RuntimeError); the tpu ops
+    must keep running, at the precision the new API now says (ieee: HIGHEST)."""
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with pytest.raises(RuntimeError):
+        torch.get_float32_matmul_precision()
+    a, b = torch.randn(3, 4), torch.randn(4, 2)
+    torch.testing.assert_close((a.to("tpu") @ b.to("tpu")).cpu(), a @ b)
+    assert _precisions(lowered) == {"HIGHEST"}

@@ -25,13 +25,27 @@ _PRECISIONS = {
     "high": lax.Precision.HIGH,
     "medium": lax.Precision.DEFAULT,
 }
+_NEW_API = {"ieee": "highest", "tf32": "high", "bf16": "medium"}  # fp32_precision values
 _current = "highest"
 
 
+def _setting() -> str:
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        # Set through both the legacy API and the new `fp32_precision` one (say
+        # set_float32_matmul_precision("high"), then allow_tf32 = False), PyTorch
+        # refuses to answer; the new API's value then decides.
+        for value in (torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision):
+            if value in _NEW_API:
+                return _NEW_API[value]
+        return "highest"
+
+
 def sync() -> None:
-    """Follow a change of torch.get_float32_matmul_precision()."""
+    """Follow a change of PyTorch's float32 matmul precision."""
     global _current
-    setting = torch.get_float32_matmul_precision()
+    setting = _setting()
     if setting != _current:
         _current = setting
         cache.forget_lookups()
