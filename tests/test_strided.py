@@ -98,6 +98,14 @@ def test_a_slice_of_the_last_dim_is_read_in_place():
     )
 
 
+def test_a_few_elements_far_apart_are_gathered_not_padded():
+    """x[::500000] of a storage ending just after its first element's row: the grid's
+    region would need a pad of almost the whole storage for two elements."""
+    view = _view(1_000_004, (2,), (1_000_000,), 3)
+    ops = _ops(lambda f: strided.read(f, view), jnp.zeros((1_000_004,), F32))
+    assert "pad" not in ops and "gather" in ops
+
+
 def test_irregular_views_are_still_read_by_gather():
     """The fallback stays: overlapping windows and non-nesting strides."""
     for numel, shape, strides, offset in IRREGULAR:

@@ -112,7 +112,8 @@ class _Grid(NamedTuple):
 
 def _grid(view: View, numel: int) -> _Grid | None:
     """The grid for view over a storage of numel elements (of the view's dtype), or None
-    when its strides do not nest (overlapping windows, irregular as_strided)."""
+    when its strides do not nest (overlapping windows, irregular as_strided) or the
+    region would need more padding than the view has elements."""
     dims = [d for d, n in enumerate(view.shape) if n != 1 and view.strides[d] != 0]
     order = sorted(dims, key=lambda d: -view.strides[d])
     if not order or any(view.strides[d] < 0 for d in order):
@@ -133,7 +134,10 @@ def _grid(view: View, numel: int) -> _Grid | None:
     if any(c + n > size for c, n, size in zip(corner, limits, shape)):
         start, corner = view.offset, [0] * len(shape)
     end = min(start + length, numel)
-    return _Grid(order, shape, limits, start, end, start + length - end, tuple(corner))
+    padding = start + length - end
+    if padding > math.prod(sizes):  # a few elements far apart: gathering them is cheaper
+        return None
+    return _Grid(order, shape, limits, start, end, padding, tuple(corner))
 
 
 def _region(typed, grid: _Grid):
