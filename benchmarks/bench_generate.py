@@ -1,16 +1,17 @@
 """Batch greedy generation with a static KV cache: tpu (compiled, fused) against PyTorch
-CPU eager and CPU Inductor, in one run.
+CPU eager, CPU Inductor and the same decoder hand-written in JAX, in one run.
 
 The model and the decode loop are examples/generate.py's (a small Llama-style
 decoder from random weights, a preallocated cache written with index_copy_).
 Each variant first runs warm-up batches whose longest prompts land in every
 bucket, then measured batches of new mixed prompt lengths (no longest length
-repeats a warm-up's), every variant running each batch in turn. Per variant: prefill time
-per batch, decode tokens per
-second (batch x decoded tokens / decode seconds), and what compiled during the
-measured batches: XLA programs for tpu (`torch_tpu.metrics`), Dynamo graphs for
-Inductor. Last, whether a compiled decode step writes the cache into the buffer
-it read (donation) or into a new one (a copy of the cache per step and layer).
+repeats a warm-up's); every variant runs each measured batch in turn, so that
+the machine's drift hits them alike. Per variant: prefill time per batch,
+decode tokens per second (batch x decoded tokens / decode seconds), and what
+compiled during the measured batches: XLA programs for tpu
+(`torch_tpu.metrics`) and JAX, Dynamo graphs for Inductor. Last, whether a
+compiled decode step writes the cache into the buffer it read (donation) or
+into a new one (a copy of the cache per step and layer).
 
 - tpu compiled: torch.compile(step, backend="tpu", options={"bucket_size": B})
   with the prompt length marked dynamic: padded to its bucket in the graph.
