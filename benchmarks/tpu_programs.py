@@ -34,15 +34,15 @@ jax.config.update("jax_enable_x64", True)  # torch_tpu's programs take int64/flo
 
 
 def _caught_programs(run) -> dict:
-    """name -> (jax function, donated argument indices, the arrays of its last call), for
-    every compiled graph `run()` calls."""
+    """name -> (jax function, the arrays of its last call), for every compiled graph
+    `run()` calls (graphs without random ops: those also take a seed and a counter)."""
     from torch_tpu.compile import runtime
 
     functions, calls = {}, {}
     compile_graph, call_graph = runtime.CompiledGraph._cache_compile, runtime.CompiledGraph.__call__
 
     def catch_compile(self, fn, example, donate=()):
-        functions[self.name] = (fn, donate)
+        functions[self.name] = fn
         return compile_graph(self, fn, example, donate)
 
     def catch_call(self, args):
@@ -58,7 +58,7 @@ def _caught_programs(run) -> dict:
     finally:
         runtime.CompiledGraph._cache_compile = compile_graph
         runtime.CompiledGraph.__call__ = call_graph
-    return {name: (*functions[name], calls[name]) for name in calls if name in functions}
+    return {name: (functions[name], calls[name]) for name in calls if name in functions}
 
 
 _OUTPUTS_KEPT = 8 << 20  # bytes of outputs kept for the comparison (the first ones)
@@ -96,7 +96,7 @@ def _gpt_step(size: str):
         for _ in range(4):
             step(inputs, targets).item()
 
-    (fn, _, args), *_ = _caught_programs(run).values()
+    (fn, args), *_ = _caught_programs(run).values()
     return fn, args
 
 
@@ -157,7 +157,7 @@ def _decode_step():
             for _ in range(4):
                 token, pos, ids = step(model, token[:, None], pos, ids, valid, zero, *cache)
 
-    (fn, _, args), *_ = _caught_programs(run).values()
+    (fn, args), *_ = _caught_programs(run).values()
     return fn, args, example, model
 
 
