@@ -84,9 +84,10 @@ def cpu_eager_loss(size: str, n: int) -> float:
     return loss.item()
 
 
-def jax_step(size: str, losses: list):
-    """The step written in JAX, jitted whole, state donated; AdamW as torch.optim.AdamW
-    (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2)."""
+def jax_train_step(size: str):
+    """The step written in JAX, unjitted: train_step(state, x, y) -> (state, loss), with
+    AdamW as torch.optim.AdamW (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay
+    1e-2); and the first state, x and y (the torch model's weights and batch)."""
     model, _, inputs, targets, _ = gpt_parts(size, "cpu")
     params = {k: jnp.asarray(v.detach().numpy()) for k, v in model.state_dict().items()}
     x, y = jnp.asarray(inputs.numpy()), jnp.asarray(targets.numpy())
@@ -108,9 +109,15 @@ def jax_step(size: str, losses: list):
         )
         return (params, m, v, t), loss
 
-    jitted = jax.jit(train_step, donate_argnums=0)
     zeros = jax.tree.map(jnp.zeros_like, params)
-    state = [(params, zeros, jax.tree.map(jnp.zeros_like, params), jnp.float32(0))]
+    return train_step, (params, zeros, jax.tree.map(jnp.zeros_like, params), jnp.float32(0)), x, y
+
+
+def jax_step(size: str, losses: list):
+    """jax_train_step jitted whole, state donated."""
+    train_step, state, x, y = jax_train_step(size)
+    jitted = jax.jit(train_step, donate_argnums=0)
+    state = [state]
 
     def step():
         state[0], loss = jitted(state[0], x, y)

@@ -30,7 +30,12 @@ def _rotate(x, cos, sin):
 
 
 def make_step(config):
-    """A jitted step with the example step's inputs and outputs, plus the cache (donated)."""
+    """step_of(config) jitted, the cache donated."""
+    return jax.jit(step_of(config), donate_argnums=6)
+
+
+def step_of(config):
+    """A step with the example step's inputs and outputs, plus the cache (a list)."""
     heads, kv_heads = config.heads, config.kv_heads
     d = config.hidden // heads
 
@@ -70,7 +75,7 @@ def make_step(config):
         logits = x @ params["head.weight"].T
         return jnp.argmax(logits[:, 0], -1), cache_pos + 1, pos_ids + 1, new_cache
 
-    return jax.jit(step, donate_argnums=6)
+    return step
 
 
 def generate(step, params, config, prompts, new_tokens: int, bucket_size: int, max_len=64):

@@ -103,46 +103,21 @@ def _gpt_step(size: str):
 def _jax_gpt_step(size: str):
     """bench_step's hand-written step and its arguments, flattened."""
     import bench_step
-    from bench_compile import jax_gpt_loss
 
-    model, _, inputs, targets, _ = bench_step.gpt_parts(size, "cpu")
-    params = {k: np.asarray(v.detach().numpy()) for k, v in model.state_dict().items()}
-    loss_fn = jax_gpt_loss(size)
-    lr, b1, b2, eps, wd = 1e-3, 0.9, 0.999, 1e-8, 1e-2
-
-    def train_step(params, m, v, t, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        t = t + 1
-        bc1, bc2 = 1 - b1**t, 1 - b2**t
-        m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
-        v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
-        sqrt = jax.numpy.sqrt
-        params = jax.tree.map(
-            lambda p, m, v: p * (1 - lr * wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps),
-            params, m, v,
-        )  # fmt: skip
-        return params, m, v, t, loss
-
-    zeros = {k: np.zeros_like(v) for k, v in params.items()}
-    leaves, tree = jax.tree.flatten((params, zeros, zeros, np.float32(0)))
+    train_step, state, x, y = bench_step.jax_train_step(size)
+    leaves, tree = jax.tree.flatten(state)
 
     def flat_step(*flat):
         *state, x, y = flat
-        return train_step(*jax.tree.unflatten(tree, state), x, y)
+        return train_step(jax.tree.unflatten(tree, state), x, y)
 
-    return flat_step, [*leaves, inputs.numpy(), targets.numpy()]
+    return flat_step, [*(np.asarray(v) for v in leaves), np.asarray(x), np.asarray(y)]
 
 
 def _decode_step():
-    import importlib.util
-
     import torch
+    from bench_generate import example
 
-    spec = importlib.util.spec_from_file_location(
-        "generate_example", Path(__file__).parents[1] / "examples" / "generate.py"
-    )
-    example = sys.modules["generate_example"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
     model = example.build().to("tpu")
     step = example.compiled_step(16)
     batch = 8
@@ -167,7 +142,7 @@ def _jax_decode_step(example, model):
     config = example.Config()
     params = jax_decoder.params_of(model.cpu())
     leaves, tree = jax.tree.flatten(params)
-    step = jax_decoder.make_step(config).__wrapped__  # the plain function (unjitted)
+    step = jax_decoder.step_of(config)
     batch, d = 8, config.hidden // config.heads
     cache = [np.zeros((batch, config.kv_heads, 64, d), np.float32)] * (2 * config.layers)
     args = [np.ones((batch, 1), np.int64), np.array([3]), np.full((batch, 1), 3),

@@ -69,11 +69,22 @@ def is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return all(n == 1 or s == e for n, s, e in zip(shape, strides, expected))
 
 
-def _dense_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int] | None:
-    """The dims that are neither size 1 nor broadcast (stride 0), largest stride first,
-    when they lay out one dense block; None when they do not."""
+def _by_stride(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
+    """The dims that are neither size 1 nor broadcast (stride 0), largest stride first."""
     dims = [d for d, n in enumerate(shape) if n != 1 and strides[d] != 0]
-    order = sorted(dims, key=lambda d: -strides[d])
+    return sorted(dims, key=lambda d: -strides[d])
+
+
+def _in_order(value, order: list[int]):
+    """value with its dims in `order` (largest stride first), its size-1 dims dropped."""
+    kept = sorted(order)
+    value = value.reshape([value.shape[d] for d in kept])
+    return jnp.transpose(value, [kept.index(d) for d in order])
+
+
+def _dense_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int] | None:
+    """`_by_stride`'s dims when they lay out one dense block; None when they do not."""
+    order = _by_stride(shape, strides)
     step = 1
     for d in reversed(order):
         if strides[d] != step:
@@ -114,9 +125,8 @@ def _grid(view: View, numel: int) -> _Grid | None:
     """The grid for view over a storage of numel elements (of the view's dtype), or None
     when its strides do not nest (overlapping windows, irregular as_strided) or the
     region would need more padding than the view has elements."""
-    dims = [d for d, n in enumerate(view.shape) if n != 1 and view.strides[d] != 0]
-    order = sorted(dims, key=lambda d: -view.strides[d])
-    if not order or any(view.strides[d] < 0 for d in order):
+    order = _by_stride(view.shape, view.strides)
+    if not order:
         return None
     strides = [view.strides[d] for d in order]
     sizes = [view.shape[d] for d in order]
@@ -214,18 +224,14 @@ def write(flat, view: View, value):
     order = _dense_order(view.shape, view.strides)
     broadcast = any(n != 1 and s == 0 for n, s in zip(view.shape, view.strides))
     if order is not None and not broadcast:
-        kept = sorted(order)
-        dense = value.reshape([view.shape[d] for d in kept])
-        dense = jnp.transpose(dense, [kept.index(d) for d in order]).reshape(-1)
+        dense = _in_order(value, order).reshape(-1)
         if dense.shape[0] == typed.shape[0]:
             typed = dense
         else:
             typed = lax.dynamic_update_slice(typed, dense, (view.offset,))
     elif not broadcast and (grid := _grid(view, typed.shape[0])) is not None:
         # (a broadcast dim would write one element many times: the scatter below)
-        kept = sorted(grid.order)
-        dense = value.reshape([view.shape[d] for d in kept])
-        dense = jnp.transpose(dense, [kept.index(d) for d in grid.order]).reshape(grid.limits)
+        dense = _in_order(value, grid.order).reshape(grid.limits)
         region = lax.dynamic_update_slice(_region(typed, grid), dense, grid.corner)
         region = lax.slice(region.reshape(-1), (0,), (grid.end - grid.start,))
         typed = lax.dynamic_update_slice(typed, region, (grid.start,))

@@ -21,7 +21,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .. import precision
+from .linalg import matmul
 from .registry import lower
 
 _HALF = (jnp.bfloat16, jnp.float16)
@@ -31,14 +31,8 @@ def _up(x):
     return x.astype(jnp.float32) if x is not None and x.dtype in _HALF else x
 
 
-def _matmul(a, b):
-    """a @ b at PyTorch's float32 matmul precision (an unset one is one bfloat16 pass
-    on a TPU)."""
-    return jnp.matmul(a, b, precision=precision.matmul())
-
-
 def _linear(x, weight, bias):
-    out = _matmul(x, _up(weight).T)
+    out = matmul(x, _up(weight).T)  # (at PyTorch's matmul precision, as mm's)
     return out if bias is None else out + _up(bias)
 
 
@@ -67,14 +61,14 @@ def _attention(query, key, value, embed_dim, num_heads, qkv_weight, qkv_bias,
     q = _heads(_linear(_up(query), w_q, b_q), num_heads) / math.sqrt(head_dim)
     k = _heads(_linear(_up(key), w_k, b_k), num_heads)
     v = _heads(_linear(_up(value), w_v, b_v), num_heads)
-    scores = _matmul(q, k.swapaxes(-1, -2))
+    scores = matmul(q, k.swapaxes(-1, -2))
     keep = _keep(mask, mask_type, scores.shape)
     if keep is None:
         weights = jax.nn.softmax(scores, -1)
     else:
         weights = jax.nn.softmax(jnp.where(keep, scores, -jnp.inf), -1, where=keep)
         weights = jnp.where(keep, weights, 0)  # a fully masked row: zeros, not NaN
-    context = _matmul(weights, v).transpose(0, 2, 1, 3).reshape(query.shape[:2] + (embed_dim,))
+    context = matmul(weights, v).transpose(0, 2, 1, 3).reshape(query.shape[:2] + (embed_dim,))
     return _linear(context, proj_weight, proj_bias), weights
 
 
