@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import serialize_executable
 
-from . import cache_trust, env, metrics, platform
+from . import cache_trust, env, mappings, metrics, platform
 
 _MAGIC = b"TTPUXC2\n"
 _OLDER_MAGIC = b"TTPUXC1\n"  # unauthenticated entries of earlier releases: replaced quietly
@@ -68,6 +68,9 @@ _trusted: cache_trust.Trusted | None = None  # the checked directory and its MAC
 _problem: str | None = None  # why the directory is not used, once found
 _warned: set[str] = set()  # warning categories already shown for this directory
 _RUNTIME = f"jax {jax.__version__} jaxlib {importlib.metadata.version('jaxlib')}"
+_CHECK_EVERY = 64  # new executables between two looks at the process's memory mappings
+_FEWEST_TO_FORGET = 256  # with fewer executables in memory, forgetting them frees too little
+_new_executables = 0  # since the last look
 
 
 # ------------------------------------------------------------------ config
@@ -193,8 +196,34 @@ def compile(
         executable = _xla_compile(lowered, options, kind, name)
         metrics.record_compile(time.perf_counter() - start, kind, name, signature)
         _store(key, executable)
+    _make_room()
     _memory[key] = executable
     return executable
+
+
+def _make_room() -> None:
+    """Every _CHECK_EVERY new executables, forget all those in memory if the process's
+    memory mappings near the kernel's cap (`mappings.py`): every lookup table lets go
+    too, so their code is unmapped, and those used again are loaded back from disk or
+    recompiled. A crash in the next compile would lose the job."""
+    global _new_executables
+    _new_executables += 1
+    if _new_executables < _CHECK_EVERY or len(_memory) < _FEWEST_TO_FORGET:
+        return
+    _new_executables = 0
+    near = mappings.near_cap()
+    if near is None:
+        return
+    used, cap = near
+    _stats["memory_resets"] += 1
+    _warn_once(
+        "mappings",
+        f"{len(_memory)} executables in memory and {used} of this process's {cap} memory "
+        "mappings (vm.max_map_count) in use: forgetting the executables before compiling "
+        "fails; those used again are reloaded from the disk cache or recompiled",
+    )
+    _memory.clear()
+    forget_lookups()
 
 
 # XLA:CPU compiles a small program about a third faster with its older fusion emitters
@@ -482,6 +511,7 @@ def stats() -> dict:
                 "write_errors",
                 "evictions",
                 "unserializable",
+                "memory_resets",
             )
         },
     }
