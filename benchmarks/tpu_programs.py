@@ -1,16 +1,19 @@
 """Our compiled programs on a machine without torch: export here, run on a TPU VM.
 
-`export DIR` (here, with torch): runs `compile_step` of gpt_small and gpt and the decode step of
+`export DIR` (here, with torch): runs `compile_step` of gpt_small, gpt and a wide MLP
+with AdamW, and the decode step of
 examples/generate.py under torch.compile on tpu, catches the JAX function each compiled
 graph lowers to and the arrays of one steady call, and writes, per program, a
 `jax.export` artifact lowered for CPU and TPU, its inputs, and its outputs on this
-machine's CPU. Beside each, the same computation written by hand in JAX
+machine's CPU (the MLP's arrays are too big to carry: only their shapes are written,
+and `run` fills them with small random values). Beside each, the same computation
+written by hand in JAX
 (bench_step's AdamW step, benchmarks/jax_decoder.py), at PyTorch's matmul precision
 (HIGHEST, as our lowerings use) and at JAX's default.
 
 `run DIR` (JAX only, e.g. on a TPU VM): per program, whether it compiles, how far its
-outputs are from the CPU's, and its time per call (waited for) against the
-hand-written JAX.
+outputs are from the CPU's, its time per call (waited for) against the hand-written
+JAX, and its temporaries (XLA's memory analysis).
 
 Run: python benchmarks/tpu_programs.py export DIR; python benchmarks/tpu_programs.py run DIR
 """
@@ -66,12 +69,16 @@ _OUTPUTS_KEPT = 8 << 20  # bytes of outputs kept for the comparison (the first o
 
 def _write(out: Path, name: str, fn, args: list, inputs: str, check: bool) -> None:
     """fn exported for CPU and TPU as `name`; its arguments as `inputs` (programs of one
-    family share them); with check, its first outputs here (up to _OUTPUTS_KEPT bytes)."""
+    family share them; with check=False and a name ending in `shapes`, their shapes
+    only); with check, its first outputs here (up to _OUTPUTS_KEPT bytes)."""
     from jax import export
 
     exported = export.export(jax.jit(fn), platforms=("cpu", "tpu"))(*args)
     (out / f"{name}.bin").write_bytes(exported.serialize())
-    if not (out / f"{inputs}.inputs.npz").exists():
+    if inputs.endswith("shapes"):
+        shapes = [(list(np.shape(a)), str(np.asarray(a).dtype)) for a in args]
+        (out / f"{inputs}.json").write_text(json.dumps(shapes))
+    elif not (out / f"{inputs}.inputs.npz").exists():
         np.savez(out / f"{inputs}.inputs.npz", *args)
     (out / f"{name}.inputs").write_text(inputs)
     if check:
@@ -112,6 +119,64 @@ def _jax_gpt_step(size: str):
         return train_step(jax.tree.unflatten(tree, state), x, y)
 
     return flat_step, [*(np.asarray(v) for v in leaves), np.asarray(x), np.asarray(y)]
+
+
+MLP_WIDTH, MLP_LAYERS, MLP_BATCH = 2048, 4, 8
+
+
+def _mlp_step():
+    """compile_step of MLP_LAYERS x Linear(MLP_WIDTH) + ReLU, MSE, AdamW: the optimizer
+    update dominates, as in a big model's step."""
+    import torch
+
+    import torch_tpu
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(MLP_WIDTH, MLP_WIDTH) for _ in range(MLP_LAYERS)]
+    model = torch.nn.Sequential(*(m for layer in layers for m in (layer, torch.nn.ReLU())))
+    model = model.to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    x, y = torch.randn(MLP_BATCH, MLP_WIDTH).to("tpu"), torch.randn(MLP_BATCH, MLP_WIDTH).to("tpu")
+    step = torch_tpu.compile_step(model, opt, torch.nn.functional.mse_loss)
+
+    def run():
+        for _ in range(3):
+            step(x, y).item()
+
+    (fn, args), *_ = _caught_programs(run).values()
+    return fn, args
+
+
+def _jax_mlp_step():
+    """The same step by hand in JAX (PyTorch's AdamW defaults), arguments flattened:
+    weights and biases, their two moments, the step count, the batch."""
+    import jax.numpy as jnp
+
+    b1, b2, eps, wd, lr = 0.9, 0.999, 1e-8, 1e-2, 1e-4
+
+    def loss_fn(params, x, y):
+        for w, b in zip(params[::2], params[1::2]):
+            x = jax.nn.relu(x @ w.T + b)
+        return jnp.mean((x - y) ** 2)
+
+    def flat_step(*flat):
+        n = 2 * MLP_LAYERS
+        params, m, v, (count, x, y) = flat[:n], flat[n : 2 * n], flat[2 * n : 3 * n], flat[3 * n :]
+        loss, grads = jax.value_and_grad(loss_fn)(list(params), x, y)
+        count = count + 1
+        new = []
+        for p, g, mi, vi in zip(params, grads, m, v):
+            p = p * (1 - lr * wd)
+            mi = b1 * mi + (1 - b1) * g
+            vi = b2 * vi + (1 - b2) * g * g
+            denom = jnp.sqrt(vi) / jnp.sqrt(1 - b2**count) + eps
+            new.append((p - lr / (1 - b1**count) * mi / denom, mi, vi))
+        return loss, [t[0] for t in new], [t[1] for t in new], [t[2] for t in new], count
+
+    shapes = [(MLP_WIDTH, MLP_WIDTH), (MLP_WIDTH,)] * MLP_LAYERS
+    arrays = [np.zeros(s, np.float32) for s in shapes] * 3
+    batch = [np.zeros((MLP_BATCH, MLP_WIDTH), np.float32)] * 2
+    return flat_step, [*arrays, np.float32(1), *batch]
 
 
 def _decode_step():
@@ -165,6 +230,11 @@ def export_all(out: Path) -> None:
         with jax.default_matmul_precision("highest"):
             _write(out, f"{size}_step.jax_highest", fn, args, f"{size}_step.jax", False)
         _write(out, f"{size}_step.jax_default", fn, args, f"{size}_step.jax", False)
+    fn, args = _mlp_step()
+    _write(out, "mlp_step.torch_tpu", fn, args, "mlp_step.torch_tpu.shapes", False)
+    fn, args = _jax_mlp_step()
+    with jax.default_matmul_precision("highest"):
+        _write(out, "mlp_step.jax_highest", fn, args, "mlp_step.jax.shapes", False)
     fn, args, example, model = _decode_step()
     _write(out, "decode_step.torch_tpu", fn, args, "decode_step.torch_tpu", True)
     fn, args = _jax_decode_step(example, model)
@@ -177,6 +247,15 @@ def export_all(out: Path) -> None:
 # --------------------------------------------------------------------- run side
 
 
+def _inputs(src: Path, name: str) -> list:
+    """A program's saved arguments, or (shapes only) small random values of those shapes."""
+    if not name.endswith("shapes"):
+        return list(np.load(src / f"{name}.inputs.npz").values())
+    rng = np.random.default_rng(0)
+    shapes = json.loads((src / f"{name}.json").read_text())
+    return [(rng.random(shape) * 0.01).astype(dtype) for shape, dtype in shapes]
+
+
 def run_all(src: Path, repeats: int) -> None:
     from jax import export
 
@@ -186,7 +265,7 @@ def run_all(src: Path, repeats: int) -> None:
         name = path.name.removesuffix(".bin")
         exported = export.deserialize(path.read_bytes())
         inputs_name = (src / f"{name}.inputs").read_text()
-        inputs = list(np.load(src / f"{inputs_name}.inputs.npz").values())
+        inputs = _inputs(src, inputs_name)
         outputs = src / f"{name}.outputs.npz"
         expected = list(np.load(outputs).values()) if outputs.exists() else []
         fn = jax.jit(exported.call)
@@ -213,7 +292,9 @@ def run_all(src: Path, repeats: int) -> None:
             start = time.perf_counter()
             jax.block_until_ready(fn(*args))
             times.append(time.perf_counter() - start)
-        rows.append(dict(program=name, ms=statistics.median(times) * 1e3, **check))
+        memory = fn.lower(*args).compile().memory_analysis()
+        temp = dict(temp_mib=round(memory.temp_size_in_bytes / 2**20, 1)) if memory else {}
+        rows.append(dict(program=name, ms=statistics.median(times) * 1e3, **temp, **check))
     for row in rows:
         print(json.dumps(row))
 

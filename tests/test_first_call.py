@@ -85,9 +85,10 @@ def test_fast_compile_options_only_for_small_exact_per_op_programs(monkeypatch):
         torch.sub(t, 3)
         torch.tan(t)
     torch.tpu.synchronize()
-    assert seen[("aten::sub.Tensor", (11 * 13,))] == cache._SMALL_PROGRAM_OPTIONS
-    assert seen[("aten::sub.Tensor", (129 * 131,))] == {}
-    assert seen[("aten::tan.default", (11 * 13,))] == {}  # the emitters' tan differ
+    # (the inputs are the storage arrays: of the uploaded tensors' shapes)
+    assert seen[("aten::sub.Tensor", (11, 13))] == cache._SMALL_PROGRAM_OPTIONS
+    assert seen[("aten::sub.Tensor", (129, 131))] == {}
+    assert seen[("aten::tan.default", (11, 13))] == {}  # the emitters' tan differ
 
 
 @pytest.fixture

@@ -119,3 +119,50 @@ def test_read_through_another_dtype():
     view = strided.View((4, 8), (16, 1), 8, F32, 64, jnp.dtype(jnp.int32))
     got = np.asarray(jax.jit(lambda f: strided.read(f, view))(flat))
     np.testing.assert_array_equal(got, _numpy_view(flat.view(np.float32), (4, 8), (16, 1), 8))
+
+
+# A storage made for a contiguous tensor holds an array of that tensor's shape.
+SHAPED = [  # (storage array shape, view shape, strides, offset)
+    ((4, 6), (4, 6), (6, 1), 0),  # the tensor itself
+    ((4, 6), (6, 4), (1, 6), 0),  # its transpose
+    ((4, 6), (24,), (1,), 0),  # view(-1)
+    ((4, 6), (2, 12), (12, 1), 0),  # another shape over the same elements
+    ((4, 6), (4, 3), (6, 1), 3),  # x[:, 3:]
+    ((4, 6), (4,), (6,), 2),  # a column
+    ((2, 3, 4), (3, 4), (4, 1), 12),  # x[1]
+    ((), (), (), 0),  # a 0-d tensor
+]
+
+
+@pytest.mark.parametrize("storage_shape, shape, strides, offset", SHAPED)
+def test_shaped_storage_read_and_write_match_numpy(storage_shape, shape, strides, offset):
+    numel = int(np.prod(storage_shape))
+    array = (np.arange(numel, dtype=np.float32) * 1.5 - 3).reshape(storage_shape)
+    view = _view(numel, shape, strides, offset)
+    got = np.asarray(jax.jit(lambda a: strided.read(a, view))(array))
+    np.testing.assert_array_equal(got, _numpy_view(array.reshape(-1), shape, strides, offset))
+    value = -1 - np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    written = np.asarray(jax.jit(lambda a, v: strided.write(a, view, v))(array, value))
+    expected = array.reshape(-1).copy()
+    _numpy_view(expected, shape, strides, offset)[...] = value
+    assert written.shape == storage_shape  # a write keeps the storage array's shape
+    np.testing.assert_array_equal(written.reshape(-1), expected)
+
+
+def test_the_whole_tensor_is_the_storage_array():
+    """Reading or writing a contiguous tensor over its own shaped storage is the array
+    itself: no reshape (a copy on a TPU, where flat and 2-D arrays are laid out apart)."""
+    view = _view(24, (4, 6), (6, 1), 0)
+    array, value = jnp.zeros((4, 6), F32), jnp.ones((4, 6), F32)
+    assert _ops(lambda a: strided.read(a, view), array) == set()
+    assert "reshape" not in _ops(lambda a, v: strided.write(a, view, v), array, value)
+
+
+@pytest.mark.parametrize("shape, strides, layout", [
+    ((4, 6), None, (4, 6)),
+    ((4, 6), (6, 1), (4, 6)),
+    ((4, 6), (1, 4), (24,)),  # a transposed output keeps PyTorch's strides: flat
+    ((), None, ()),
+])  # fmt: skip
+def test_layout_shape(shape, strides, layout):
+    assert strided.layout_shape(shape, strides) == layout

@@ -103,7 +103,7 @@ def _host_array(x: torch.Tensor):
 
     storage = storage_of(x)
     view = view_of(x, storage)
-    flat = np.asarray(storage.array("bucket padding"))
+    flat = np.asarray(storage.array("bucket padding")).reshape(-1)
     if flat.dtype != view.dtype:  # a dtype-reinterpreting view: read it on the device
         from .engine.executor import download
 

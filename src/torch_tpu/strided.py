@@ -1,7 +1,12 @@
-"""Reading and writing a strided view of a flat storage array, in pure JAX.
+"""Reading and writing a strided view of a storage array, in pure JAX.
 
-A tpu storage holds one flat array; a tensor is (shape, strides, offset) into
-it, exactly as on CPU. These functions run inside jitted executables, so the
+A tpu storage holds one array; a tensor is (shape, strides, offset) into its
+elements in row-major order, exactly as on CPU. A storage made for a contiguous
+tensor keeps that tensor's shape (`layout_shape`), so that reading or writing
+the tensor whole is the array itself: on a TPU a flat array has another memory
+layout than a 2-D one, and every reshape between them is a copy (XLA:CPU, for
+its part, then stops updating donated buffers in place). Any other view works
+on the elements flattened. These functions run inside jitted executables, so the
 common layouts (contiguous, permuted, broadcast) cost a reshape or transpose,
 regular strided ones (a slice of the last dim, a column, one of `unbind`'s or
 `chunk`'s parts) a reshape and a static slice, and only irregular ones (strides
@@ -26,7 +31,27 @@ class View(NamedTuple):
     offset: int
     dtype: object  # jnp dtype of the tensor
     storage_numel: int
-    storage_dtype: object  # jnp dtype of the flat storage array
+    storage_dtype: object  # jnp dtype of the storage array
+    storage_shape: tuple[int, ...] | None = None  # the storage array's shape; None: flat
+
+
+def layout_shape(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The shape of a new storage's array for a tensor of this geometry at offset 0:
+    the tensor's own shape when it is contiguous (strides None), else flat."""
+    shape = tuple(shape)
+    if strides is None or tuple(strides) == contiguous_strides(shape):
+        return shape
+    return (storage_span(shape, tuple(strides), 0),)
+
+
+def _is_the_array(array, view: View) -> bool:
+    """True when the view is the storage array itself: its shape, row-major, at 0."""
+    return (
+        array.shape == view.shape
+        and view.offset == 0
+        and view.dtype == view.storage_dtype
+        and is_contiguous(view.shape, view.strides)
+    )
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -170,6 +195,10 @@ def read(flat, view: View):
     numel = math.prod(view.shape)
     if numel == 0:
         return jnp.zeros(view.shape, view.dtype)
+    if flat.ndim != 1:
+        if _is_the_array(flat, view):
+            return flat
+        flat = flat.reshape(-1)
     flat = _reinterpret(flat, view.storage_dtype, view.dtype)
     order = _dense_order(view.shape, view.strides)
     if order is not None:
@@ -204,8 +233,9 @@ def spans_storage(view: View) -> bool:
 
 
 def host_read(flat: np.ndarray, view: View) -> np.ndarray:
-    """A view for which `spans_storage` holds, read from its storage's flat host copy:
-    a new C-contiguous array of view.shape (it never aliases the device buffer)."""
+    """A view for which `spans_storage` holds, read from its storage's host copy (any
+    shape): a new C-contiguous array of view.shape (it never aliases the device buffer)."""
+    flat = flat.reshape(-1)
     itemsize = flat.dtype.itemsize
     strides = tuple(s * itemsize for s in view.strides)
     # stride raw bytes: numpy's as_strided cannot rebuild ml_dtypes' types (float8_*,
@@ -216,10 +246,15 @@ def host_read(flat: np.ndarray, view: View) -> np.ndarray:
 
 
 def write(flat, view: View, value):
-    """The flat storage after writing value (broadcast to view.shape) through the view."""
+    """The storage array (same shape) after writing value (broadcast to view.shape)
+    through the view."""
     if math.prod(view.shape) == 0:
         return flat
     value = jnp.broadcast_to(value.astype(view.dtype), view.shape)
+    if flat.ndim != 1:
+        if _is_the_array(flat, view):
+            return value
+        return write(flat.reshape(-1), view, value).reshape(flat.shape)
     typed = _reinterpret(flat, view.storage_dtype, view.dtype)
     order = _dense_order(view.shape, view.strides)
     broadcast = any(n != 1 and s == 0 for n, s in zip(view.shape, view.strides))
@@ -241,11 +276,12 @@ def write(flat, view: View, value):
 
 
 def fresh_storage(value, strides: tuple[int, ...] | None):
-    """value as the flat array of a new storage that holds it at the given strides
-    (None: contiguous), offset 0: how a fresh output tensor keeps PyTorch's layout."""
-    if strides is None:
-        return value.reshape(-1)
+    """value as the array of a new storage that holds it at the given strides (None:
+    contiguous), offset 0: how a fresh output tensor keeps PyTorch's layout. A
+    contiguous one is value itself (`layout_shape`)."""
     shape = tuple(value.shape)
+    if strides is None or tuple(strides) == contiguous_strides(shape):
+        return value
     span = storage_span(shape, strides, 0)
     view = View(shape, strides, 0, value.dtype, span, value.dtype)
     return write(jnp.zeros((span,), value.dtype), view, value)

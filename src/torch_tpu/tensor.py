@@ -1,8 +1,9 @@
 """The tpu tensor payload.
 
 A tpu tensor is a genuine PrivateUse1 tensor whose sizes, strides and storage
-offset are real, as on CPU; its storage carries a `Storage` holding one flat
-JAX array. Views share the storage, so a write through any alias is seen by
+offset are real, as on CPU; its storage carries a `Storage` holding one JAX
+array: of the tensor's shape when the storage was made for a contiguous tensor,
+else flat (`strided.layout_shape`). Views share the storage, so a write through any alias is seen by
 all of them, and the storage is the single source of truth.
 """
 
@@ -16,7 +17,7 @@ import torch
 
 from . import cache, dtypes
 from .engine import fuse
-from .strided import View, contiguous_strides, storage_span
+from .strided import View, contiguous_strides, layout_shape, storage_span
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 # (the boxed handle itself: OpOverload.redispatch is a Python frame around it)
@@ -71,7 +72,7 @@ _BY_ADDRESS = _AddressTable()
 
 def _attach_storage(t: torch.Tensor, shape, strides, dtype: torch.dtype, value, numel) -> None:
     """Back t with a new storage of numel elements and the given geometry."""
-    payload = Storage(value, numel, dtypes.to_jax(dtype))
+    payload = Storage(value, numel, dtypes.to_jax(dtype), layout_shape(shape, strides))
     _set_storage(_CPU_KEYS, t, _new_storage(numel * dtype.itemsize, payload), 0, shape, strides)
 
 
@@ -92,26 +93,35 @@ def clone_storage(storage: torch.UntypedStorage) -> torch.UntypedStorage:
     write replaces a storage's array, so neither copy sees the other's writes.
     """
     source = storage._tpu if hasattr(storage, "_tpu") else _BY_ADDRESS[storage.data_ptr()]
-    payload = Storage(source.current(), source.numel, source.dtype)
+    payload = Storage(source.current(), source.numel, source.dtype, source.shape)
     return _new_storage(storage.nbytes(), payload)
 
 
 class Storage:
-    """The value behind one tpu storage: a flat JAX array, or None while never written."""
+    """The value behind one tpu storage: a JAX array (or a fused segment's Pending) of
+    numel elements, or None while never written."""
 
-    __slots__ = ("value", "numel", "dtype", "__weakref__")
+    __slots__ = ("value", "numel", "dtype", "empty_shape", "__weakref__")
 
-    def __init__(self, value, numel: int, dtype) -> None:
+    def __init__(self, value, numel: int, dtype, empty_shape: tuple | None = None) -> None:
         self.value = value
         self.numel = numel
-        self.dtype = dtype  # jnp dtype of the flat array
+        self.dtype = dtype  # jnp dtype of the array
+        self.empty_shape = empty_shape or (numel,)  # the array's shape once zeros are made
+
+    @property
+    def shape(self) -> tuple:
+        """The array's shape (programs are compiled for it): flat, or the shape of the
+        contiguous tensor the storage was made for."""
+        value = self.value
+        return self.empty_shape if value is None else value.shape
 
     def array(self, reason: str = "value needed"):
-        """The flat array: materialises zeros for a storage never written, and runs
-        the fused segment (naming why) if the value is still pending."""
+        """The array: materialises zeros for a storage never written, and runs the
+        fused segment (naming why) if the value is still pending."""
         value = self.value
         if value is None:
-            value = self.value = _zeros(self.numel, self.dtype)
+            value = self.value = _zeros(self.empty_shape, self.dtype)
         elif type(value) is fuse.Pending:
             if value.value is None:
                 fuse.flush(reason)
@@ -122,34 +132,34 @@ class Storage:
         """The value without forcing it: an array, or a Pending in fused mode."""
         value = self.value
         if value is None:
-            value = self.value = _zeros(self.numel, self.dtype)
+            value = self.value = _zeros(self.empty_shape, self.dtype)
         elif type(value) is fuse.Pending and value.value is not None:
             value = self.value = value.value
         return value
 
 
-_ZEROS: dict = {}  # (numel, dtype) -> the zeros executable
-_SHARED_ZEROS: dict = {}  # (numel, dtype) -> one zeros array, for small storages
+_ZEROS: dict = {}  # (shape, dtype) -> the zeros executable
+_SHARED_ZEROS: dict = {}  # (shape, dtype) -> one zeros array, for small storages
 _SHARED_ZEROS_MAX = 1 << 16  # elements: sharing bigger arrays would pin their memory
 cache.on_clear(_ZEROS.clear)
 cache.on_clear(_SHARED_ZEROS.clear)
 
 
-def _zeros(numel, dtype):
+def _zeros(shape: tuple, dtype):
     """The value of a storage never written. Small ones share one array per size (JAX
     arrays are immutable and writes replace a storage's array): running the zeros
     executable per allocation would cost about as much as the op that fills it."""
-    key = (numel, dtype)
+    key = (shape, dtype)
     shared = _SHARED_ZEROS.get(key)
     if shared is not None:
         return shared
     make = _ZEROS.get(key)
     if make is None:
         make = _ZEROS[key] = cache.compile(
-            lambda: jnp.zeros((numel,), dtype), (), kind="op", name="zeros"
+            lambda: jnp.zeros(shape, dtype), (), kind="op", name="zeros"
         )
     value = make()
-    if numel <= _SHARED_ZEROS_MAX:
+    if math.prod(shape) <= _SHARED_ZEROS_MAX:
         if len(_SHARED_ZEROS) > 1024:
             _SHARED_ZEROS.clear()
         _SHARED_ZEROS[key] = value
@@ -160,7 +170,7 @@ class Fresh:
     """A fresh output's metadata, worked out once per executable: what `make` needs
     to wrap each call's result array in a tensor."""
 
-    __slots__ = ("shape", "dtype", "strides", "numel", "nbytes", "jax_dtype")
+    __slots__ = ("shape", "dtype", "strides", "numel", "nbytes", "jax_dtype", "layout")
 
     def __init__(self, shape, dtype: torch.dtype, strides: tuple[int, ...] | None) -> None:
         self.shape = tuple(shape)
@@ -173,12 +183,13 @@ class Fresh:
             self.numel = storage_span(self.shape, self.strides, 0)
         self.nbytes = self.numel * dtype.itemsize
         self.jax_dtype = dtypes.to_jax(dtype)
+        self.layout = layout_shape(self.shape, strides)
 
     def make(self, value) -> torch.Tensor:
         """A new tensor with its own storage holding value (new_tensor, unrolled)."""
         global _next_address
         t = _create_empty(self.shape, self.dtype)
-        payload = Storage(value, self.numel, self.jax_dtype)
+        payload = Storage(value, self.numel, self.jax_dtype, self.layout)
         address = _next_address
         storage = _storage_at(address, DEVICE, self.nbytes)
         _next_address = address + (self.nbytes + 4095) // 4096 * 4096 + 4096
@@ -191,7 +202,8 @@ class Fresh:
 def new_tensor(
     shape, dtype: torch.dtype, value=None, strides: tuple[int, ...] | None = None
 ) -> torch.Tensor:
-    """A fresh tpu tensor with its own storage; value is its flat array (or None: unwritten)."""
+    """A fresh tpu tensor with its own storage; value is its storage array, flat or
+    (contiguous tensors) of its shape, or None: unwritten."""
     t = _create_empty(shape, dtype)
     if strides is None:
         strides = t.stride()  # create_empty_tensor's are contiguous
@@ -224,7 +236,12 @@ def view_of(t: torch.Tensor, storage: Storage | None = None) -> View:
         _JAX_DTYPES[t.dtype],
         storage.numel,
         storage.dtype,
+        _shape_or_none(storage.shape),
     )
+
+
+def _shape_or_none(shape: tuple) -> tuple | None:
+    return None if len(shape) == 1 else shape
 
 
 _JAX_DTYPES = dtypes.TORCH_TO_JAX

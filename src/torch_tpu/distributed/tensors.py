@@ -22,13 +22,13 @@ def describe(t: torch.Tensor) -> str:
 
 
 def flat_value(t: torch.Tensor) -> jax.Array:
-    """The tensor's elements as a flat array (its storage array itself when the tensor
-    is the whole, contiguous storage: no copy)."""
+    """The tensor's elements as a flat array (its storage array, reshaped, when the
+    tensor is the whole contiguous storage: no strided read)."""
     check_device(t)
     settle(t)  # an unfinished collective writing t comes first
     storage = storage_of(t)
     if is_whole(t, storage):
-        return storage.array("collective")
+        return storage.array("collective").reshape(-1)
     return executor.device_value(t, "collective").reshape(-1)
 
 
@@ -37,7 +37,7 @@ def write(t: torch.Tensor, flat: jax.Array) -> None:
     settle(t)
     storage = storage_of(t)
     if is_whole(t, storage):
-        storage.value = flat
+        storage.value = flat.reshape(storage.shape)  # (programs are keyed by it)
         torch.autograd.graph.increment_version(t)
     else:
         with torch.no_grad():

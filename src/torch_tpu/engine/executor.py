@@ -302,7 +302,7 @@ def _compile(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple, ke
 def _trace_once(spec: OpSpec, entry: _Executable, storages: list, dynamic: tuple) -> None:
     """Fused mode traces an op's program only when its segment flushes; tracing it once
     here, at its first call, makes a lowering's failure name this op, not the flush."""
-    storages = tuple(jax.ShapeDtypeStruct((s.numel,), s.dtype) for s in storages)
+    storages = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in storages)
     key_inputs = (np.uint64(0), np.uint64(0)) if spec.lowering.random else ()
     with lowering_errors(spec.schema.name):
         jax.eval_shape(entry.program, storages, dynamic, key_inputs)
@@ -513,7 +513,9 @@ def _abstract_storages(layout):
                 if ref is not None:
                     views[ref[0]] = ref[1]
     return tuple(
-        jax.ShapeDtypeStruct((views[s].storage_numel,), views[s].storage_dtype)
+        jax.ShapeDtypeStruct(
+            views[s].storage_shape or (views[s].storage_numel,), views[s].storage_dtype
+        )
         for s in range(len(views))
     )
 
@@ -637,7 +639,7 @@ def _run_unjitted(spec: OpSpec, values: list, layout: tuple, inputs: _Inputs):
     dynamic = tuple(jnp.asarray(v) for v in inputs.dynamic)  # run outside jit
     with lowering_errors(spec.schema.name):
         fresh, _ = program(arrays, dynamic, _key_inputs(spec))
-    tensors = [_wrap(_meta_of(f), _flat(f)) for f in fresh]
+    tensors = [_wrap(_meta_of(f), f) for f in fresh]
     results = []
     for target, tensor in zip(spec.targets, tensors):
         if target is None:
@@ -659,14 +661,6 @@ def _write_out(spec: OpSpec, out: torch.Tensor, result: torch.Tensor) -> None:
     out.copy_(result)
 
 
-def _flat(value):
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)):
-        return [_flat(v) for v in value]
-    return value.reshape(-1)
-
-
 # ------------------------------------------------------------- host copies
 
 
@@ -677,7 +671,7 @@ def upload(cpu: torch.Tensor) -> torch.Tensor:
     # A private host copy: XLA:CPU may wrap the buffer it is given (and other platforms
     # read it asynchronously), so a later in-place change to the CPU tensor must not
     # reach the buffer the device reads.
-    host = dtypes.numpy_from_cpu(cpu).reshape(-1).copy()
+    host = dtypes.numpy_from_cpu(cpu).copy()  # (of cpu's shape: see tensor.py)
     return new_tensor(tuple(cpu.shape), cpu.dtype, platform.put(host))
 
 

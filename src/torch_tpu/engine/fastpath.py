@@ -98,12 +98,13 @@ def _tensor(t: torch.Tensor, key: list, storages: list, slots: dict) -> bool:
 def add_tensor(t: torch.Tensor, storage, key: list, storages: list, slots: dict) -> None:
     """Append tpu tensor t (over `storage`) to a flat signature: its storage's slot (the
     order storages first appear in; `storages` and `slots` collect them) and six more
-    items, its geometry and dtypes. Compiled graphs key their executables the same way."""
+    items, its geometry, its storage array's shape and the dtypes. Compiled graphs key
+    their executables the same way."""
     slot = slots.get(id(storage))
     if slot is None:
         slot = slots[id(storage)] = len(storages)
         storages.append(storage)
-    key += (slot, t.shape, t.stride(), t.storage_offset(), t.dtype, storage.numel, storage.dtype)
+    key += (slot, t.shape, t.stride(), t.storage_offset(), t.dtype, storage.shape, storage.dtype)
 
 
 def _frozen(value: list):

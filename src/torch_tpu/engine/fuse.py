@@ -31,7 +31,7 @@ import weakref
 import jax
 import numpy as np
 
-from .. import cache, env, metrics
+from .. import cache, env, metrics, strided
 from . import donation
 
 CAP = env.integer("TORCH_TPU_FUSE_CAP", 2048, 1)  # ops per segment before a flush
@@ -45,13 +45,15 @@ SPLIT_FLOPS: int | None = None
 
 
 class Pending:
-    """A value a recorded node will produce; `value` is set when its segment runs."""
+    """A value a recorded node will produce; `value` is set when its segment runs.
+    shape: the array's (a storage's shape is part of every op's signature)."""
 
-    __slots__ = ("ref", "value", "__weakref__")
+    __slots__ = ("ref", "value", "shape", "__weakref__")
 
-    def __init__(self, ref: tuple) -> None:
+    def __init__(self, ref: tuple, shape: tuple) -> None:
         self.ref = ref
         self.value = None
+        self.shape = shape
 
 
 class _Segment:
@@ -77,8 +79,8 @@ class _Segment:
         self.leaves.append(value)
         return len(self.leaves) - 1
 
-    def pending(self, ref: tuple) -> Pending:
-        p = Pending(ref)
+    def pending(self, ref: tuple, shape: tuple) -> Pending:
+        p = Pending(ref, shape)
         self.pendings.append(weakref.ref(p))
         return p
 
@@ -111,7 +113,10 @@ def record(entry, storage_values: list, dynamic: tuple, key_inputs: tuple):
     key_refs = tuple(_segment.scalar(k) for k in key_inputs)
     _segment.nodes.append((entry, storage_refs, dynamic_refs, key_refs))
     fresh = [_pendings(meta, (n, "f", k)) for k, meta in enumerate(entry.fresh)]
-    written = [_segment.pending((n, "w", k)) for k in range(len(entry.written_slots))]
+    written = [
+        _segment.pending((n, "w", k), storage_values[slot].shape)
+        for k, slot in enumerate(entry.written_slots)
+    ]
     metrics.count("ops_deferred")
     flops = _FLOPS.get(entry)
     if flops is None:
@@ -151,7 +156,8 @@ def _pendings(meta, ref):
         return [_pendings(m, ref + (j,)) for j, m in enumerate(meta)]
     if meta == "absent":
         return None
-    return _segment.pending(ref)
+    shape, _, strides = meta
+    return _segment.pending(ref, strided.layout_shape(shape, strides))
 
 
 def flush(reason: str = "value needed") -> None:

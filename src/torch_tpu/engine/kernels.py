@@ -268,8 +268,10 @@ def _register_specials() -> None:
     for name in _METADATA_OPS:
         op = overload(name)
 
-        def metadata_kernel(*args, _op=op, **kwargs):
-            return _op.redispatch(_CPU_KEYS, *args, **kwargs)
+        # the handle's own redispatch: OpOverload.redispatch wraps it in a Python call,
+        # a fifth of what every view (unsqueeze, t, slicing: they end in as_strided) costs
+        def metadata_kernel(*args, _redispatch=op._handle.redispatch_boxed, **kwargs):
+            return _redispatch(_CPU_KEYS, *args, **kwargs)
 
         _impl(name, metadata_kernel, "metadata")
 

@@ -1,18 +1,20 @@
 """Exchange with JAX: the jax.Array behind a tpu tensor, a jax.Array as a tpu tensor, DLPack.
 
-A tpu storage holds one flat, immutable jax.Array. Aliasing rules:
+A tpu storage holds one immutable jax.Array: of the tensor's shape when it was
+made for a contiguous tensor, else flat. Aliasing rules:
 
-- `to_jax(t)` of a 1-D tensor that is its whole contiguous storage returns
-  that very array (no copy, no dispatch; pending fused work runs first).
+- `to_jax(t)` of a contiguous tensor that is its whole storage, with the
+  storage array's shape, returns that very array (no copy, no dispatch;
+  pending fused work runs first).
   Any other tensor costs one on-device copy: a reshape (JAX has no zero-copy
   reshape) or a strided read for views. No host transfer either way.
 - A later in-place torch op on `t` replaces the storage's array: the array
   handed out keeps the old value (it is referenced by the caller, so it is
   never donated).
-- `from_jax(a)` wraps `a` (flattened: free for 1-D arrays, one on-device copy
-  otherwise) as a new tpu tensor; `a` keeps its value whatever torch does to
-  the tensor. Donating a wrapped 1-D `a` to a jitted JAX function deletes it
-  under the tensor too: later uses then raise JAX's "Array has been deleted".
+- `from_jax(a)` wraps `a` itself (no copy) as a new contiguous tpu tensor; `a`
+  keeps its value whatever torch does to the tensor. Donating a wrapped `a` to
+  a jitted JAX function deletes it under the tensor too: later uses then raise
+  JAX's "Array has been deleted".
 - `t.__dlpack__()` exports a private on-device copy: a DLPack consumer may
   write into what it receives (torch.from_dlpack ignores the read-only flag),
   and tpu arrays are shared and immutable. Zero-copy sharing is `to_jax`.
@@ -42,8 +44,8 @@ def to_jax(t: torch.Tensor) -> jax.Array:
         t = t.resolve_conj().resolve_neg()
     storage = storage_of(t)
     if is_whole(t, storage):
-        flat = storage.array("to_jax")
-        return flat if t.dim() == 1 else flat.reshape(tuple(t.shape))
+        array = storage.array("to_jax")
+        return array if array.shape == t.shape else array.reshape(tuple(t.shape))
     return executor.device_value(t, "to_jax")
 
 
@@ -60,8 +62,7 @@ def from_jax(a: jax.Array) -> torch.Tensor:
     device = platform.device()
     if a.devices() != {device}:
         a = jax.device_put(a, device)
-    flat = a if a.ndim == 1 else jnp.reshape(a, (-1,))
-    return new_tensor(tuple(a.shape), dtypes.to_torch(a.dtype), flat)
+    return new_tensor(tuple(a.shape), dtypes.to_torch(a.dtype), a)
 
 
 # ------------------------------------------------------------------ DLPack

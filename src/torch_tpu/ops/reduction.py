@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import dtypes
+from .. import dtypes, platform
 from .registry import lower
 
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -86,15 +86,44 @@ def _like_input(out, x):
 
 # --------------------------------------------------------------------- sums
 
+# XLA:CPU adds the elements of a reduced dim longer than this in a tree, those of
+# shorter dims one after another: summing (5, 5, 10) equal values of 0.2 gives
+# 50.000118, the same 250 as one dim 49.999985 (PyTorch: 50.000004).
+_TREE_REDUCED_DIM = 32
+
+
+def _whole(x, axes: tuple[int, ...]):
+    """x ready for a float sum over all of `axes`: a full reduction of an array whose
+    dims are all short reduces it flattened on XLA:CPU, as one long, tree-reduced dim.
+    (The barrier keeps XLA from folding the reshape back into the reduction; on a TPU,
+    which reduces in a tree anyway, the reshape would be a relayout: left alone.)"""
+    if (
+        len(axes) < 2
+        or len(axes) != x.ndim
+        or not _is_float(x)
+        or max(x.shape) > _TREE_REDUCED_DIM
+        or x.size <= _TREE_REDUCED_DIM
+        or platform.platform() != "cpu"
+    ):
+        return x, axes
+    return lax.optimization_barrier(x.reshape(-1)), (0,)
+
+
+def _total(reduce, x, axes: tuple[int, ...], keepdim: bool):
+    """reduce (jnp.sum, jnp.mean) over axes, of x flattened where `_whole` says so."""
+    flat, reduced = _whole(x, axes)
+    out = reduce(flat, axis=reduced, keepdims=keepdim and reduced == axes)
+    return out.reshape((1,) * x.ndim) if keepdim and reduced != axes else out
+
 
 @lower("sum.default")
 def sum_all(self, dtype=None):
-    return jnp.sum(_acc(self, dtype))
+    return _total(jnp.sum, _acc(self, dtype), tuple(range(self.ndim)), False)
 
 
 @lower("sum.dim_IntList")
 def sum_dim(self, dim, keepdim=False, dtype=None):
-    return jnp.sum(_acc(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
+    return _total(jnp.sum, _acc(self, dtype), _axes(self, dim), keepdim)
 
 
 @lower("nansum.default")
@@ -104,12 +133,12 @@ def nansum(self, dim=None, keepdim=False, dtype=None):
 
 @lower("mean.default")
 def mean_all(self, dtype=None):
-    return jnp.mean(_float(self, dtype))
+    return _total(jnp.mean, _float(self, dtype), tuple(range(self.ndim)), False)
 
 
 @lower("mean.dim")
 def mean_dim(self, dim, keepdim=False, dtype=None):
-    return jnp.mean(_float(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
+    return _total(jnp.mean, _float(self, dtype), _axes(self, dim), keepdim)
 
 
 @lower("prod.default")
