@@ -124,8 +124,10 @@ def _upload(array, like: torch.Tensor) -> torch.Tensor:
     from . import platform
     from .tensor import new_tensor
 
-    flat = np.ascontiguousarray(array).reshape(-1)
-    return new_tensor(tuple(array.shape), like.dtype, platform.put(flat))
+    # of its own shape, as uploads are: a padded input and one that needed no padding
+    # then reach the bucket's executable alike (a storage's shape is in its key)
+    array = np.ascontiguousarray(array)
+    return new_tensor(tuple(array.shape), like.dtype, platform.put(array))
 
 
 def pad_sequences(
