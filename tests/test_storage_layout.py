@@ -92,3 +92,32 @@ def test_full_sums_of_short_dims_match_the_cpu(shape):
     ]:
         assert got.shape == expected.shape
         torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_a_tensor_made_any_way_reuses_the_same_program():
+    """A storage's array shape is part of every program's key, so every way of making a
+    contiguous tensor must give the same shape: else the same op at the same geometry
+    compiles again (a bucketed prompt that needed no padding did)."""
+    import jax.numpy as jnp
+
+    from torch_tpu import bucketing, metrics
+    from torch_tpu.interop import exchange
+
+    x = torch.randn(3, 8)
+    made = {
+        "upload": lambda: x.to("tpu"),
+        "op output": lambda: torch.zeros(3, 8, device="tpu") + x.to("tpu"),
+        "empty, then filled": lambda: torch.empty(3, 8, device="tpu").copy_(x),
+        "from_jax": lambda: exchange.from_jax(jnp.asarray(x.numpy())),
+        "bucket padding": lambda: bucketing.pad_to_bucket(x[:, :5].to("tpu"), bucket_size=8)[0],
+        "clone": lambda: x.to("tpu").clone(),
+    }
+    compiles = {}
+    for name, make in made.items():
+        t = make()
+        torch.tpu.synchronize()
+        before = metrics.snapshot().get("compiles", 0)
+        (t * 3 - 1.5).cpu()
+        compiles[name] = metrics.snapshot().get("compiles", 0) - before
+    first = next(iter(compiles))
+    assert all(n == 0 for name, n in compiles.items() if name != first), compiles
