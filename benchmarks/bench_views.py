@@ -4,7 +4,9 @@ before, and still are when strides do not nest), in one process.
 
 Views as models make them: the second half of the last dim (rotary embeddings), one
 part of a fused qkv projection (`chunk(3, -1)`), one of `unbind`'s parts of a
-transposed (batch, seq, 2, heads, dim) tensor, and a column. Needs only JAX and numpy
+transposed (batch, seq, 2, heads, dim) tensor, a column, and overlapping windows
+(`unfold`: audio frames, 3x3 image patches), read as a stack of strided slices. Needs
+only JAX and numpy
 (strided.py is loaded from its file, without torch), so it also runs on a TPU VM.
 
 Run: python benchmarks/bench_views.py [--repeats N]
@@ -39,6 +41,11 @@ def views() -> dict:
         "qkv.chunk(3, -1)[1]": (3 * n, (b, s, e), (s * 3 * e, 3 * e, 1), e),
         "kv.unbind(2)[1]": (2 * n, (b, h, s, d), (s * 2 * e, d, 2 * e, 1), e),
         "x[:, 0] column": (4096 * 1024, (4096,), (1024,), 0),
+        # overlapping windows: a stack of strided slices (`strided._stacked`)
+        "audio.unfold(-1, 400, 160)": (16 * 160_000, (16, 998, 400), (160_000, 160, 1), 0),
+        "img.unfold(2,3,1).unfold(3,3,1)": (
+            8 * 64 * 56 * 56, (8, 64, 54, 54, 3, 3), (64 * 56 * 56, 56 * 56, 56, 1, 56, 1), 0,
+        ),
     }
 
 
