@@ -37,6 +37,15 @@ def test_outputs_are_shaped_and_writes_keep_the_shape(mode):
     torch.testing.assert_close(values[2], torch.tensor([[0.0] * 5, [2.0] * 5, [2.0] * 5]))
 
 
+def test_zero_dim_tensors_have_zero_dim_arrays_however_made():
+    made = [
+        torch.empty((), device="tpu"),
+        torch.tensor(2.0).to("tpu"),
+        torch.ones(3).to("tpu").sum(),
+    ]
+    assert [_shape(t) for t in made] == [(), (), ()]
+
+
 def test_a_strided_output_is_flat():
     """An output PyTorch lays out transposed (its strides kept) has a flat storage."""
     x = torch.randn(5, 3).to("tpu")

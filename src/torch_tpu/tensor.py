@@ -107,7 +107,7 @@ class Storage:
         self.value = value
         self.numel = numel
         self.dtype = dtype  # jnp dtype of the array
-        self.empty_shape = empty_shape or (numel,)  # the array's shape once zeros are made
+        self.empty_shape = (numel,) if empty_shape is None else empty_shape  # (zeros are made)
 
     @property
     def shape(self) -> tuple:
