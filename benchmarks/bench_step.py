@@ -84,6 +84,21 @@ def cpu_eager_loss(size: str, n: int) -> float:
     return loss.item()
 
 
+def adamw(params, grads, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8, wd=1e-2):
+    """One torch.optim.AdamW step on pytrees: (params, m, v, t) after it."""
+    t = t + 1
+    bc1, bc2 = 1 - b1**t, 1 - b2**t
+    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
+    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
+    params = jax.tree.map(
+        lambda p, m, v: p * (1 - lr * wd) - lr / bc1 * m / (jnp.sqrt(v) / jnp.sqrt(bc2) + eps),
+        params,
+        m,
+        v,
+    )
+    return params, m, v, t
+
+
 def jax_train_step(size: str):
     """The step written in JAX, unjitted: train_step(state, x, y) -> (state, loss), with
     AdamW as torch.optim.AdamW (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay
@@ -92,22 +107,11 @@ def jax_train_step(size: str):
     params = {k: jnp.asarray(v.detach().numpy()) for k, v in model.state_dict().items()}
     x, y = jnp.asarray(inputs.numpy()), jnp.asarray(targets.numpy())
     loss_fn = jax_gpt_loss(size)
-    lr, b1, b2, eps, wd = 1e-3, 0.9, 0.999, 1e-8, 1e-2
 
     def train_step(state, x, y):
         params, m, v, t = state
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        t = t + 1
-        bc1, bc2 = 1 - b1**t, 1 - b2**t
-        m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
-        v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, grads)
-        params = jax.tree.map(
-            lambda p, m, v: p * (1 - lr * wd) - lr / bc1 * m / (jnp.sqrt(v) / jnp.sqrt(bc2) + eps),
-            params,
-            m,
-            v,
-        )
-        return (params, m, v, t), loss
+        return adamw(params, grads, m, v, t, lr=1e-3), loss
 
     zeros = jax.tree.map(jnp.zeros_like, params)
     return train_step, (params, zeros, jax.tree.map(jnp.zeros_like, params), jnp.float32(0)), x, y

@@ -150,9 +150,8 @@ def _mlp_step():
 def _jax_mlp_step():
     """The same step by hand in JAX (PyTorch's AdamW defaults), arguments flattened:
     weights and biases, their two moments, the step count, the batch."""
+    import bench_step
     import jax.numpy as jnp
-
-    b1, b2, eps, wd, lr = 0.9, 0.999, 1e-8, 1e-2, 1e-4
 
     def loss_fn(params, x, y):
         for w, b in zip(params[::2], params[1::2]):
@@ -163,15 +162,7 @@ def _jax_mlp_step():
         n = 2 * MLP_LAYERS
         params, m, v, (count, x, y) = flat[:n], flat[n : 2 * n], flat[2 * n : 3 * n], flat[3 * n :]
         loss, grads = jax.value_and_grad(loss_fn)(list(params), x, y)
-        count = count + 1
-        new = []
-        for p, g, mi, vi in zip(params, grads, m, v):
-            p = p * (1 - lr * wd)
-            mi = b1 * mi + (1 - b1) * g
-            vi = b2 * vi + (1 - b2) * g * g
-            denom = jnp.sqrt(vi) / jnp.sqrt(1 - b2**count) + eps
-            new.append((p - lr / (1 - b1**count) * mi / denom, mi, vi))
-        return loss, [t[0] for t in new], [t[1] for t in new], [t[2] for t in new], count
+        return loss, *bench_step.adamw(list(params), grads, list(m), list(v), count, lr=1e-4)
 
     shapes = [(MLP_WIDTH, MLP_WIDTH), (MLP_WIDTH,)] * MLP_LAYERS
     arrays = [np.zeros(s, np.float32) for s in shapes] * 3

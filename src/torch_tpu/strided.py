@@ -33,7 +33,9 @@ class View(NamedTuple):
     dtype: object  # jnp dtype of the tensor
     storage_numel: int
     storage_dtype: object  # jnp dtype of the storage array
-    storage_shape: tuple[int, ...] | None = None  # the storage array's shape; None: flat
+    # the storage array's shape (a tensor's own View, part of program keys); None in
+    # views made inside programs, which read and write whatever array they are given
+    storage_shape: tuple[int, ...] | None = None
 
 
 def layout_shape(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -250,7 +252,7 @@ def _stacked(flat, view: View, budget: int):
             and view.strides[e] % view.strides[d] == 0
         ]
         run = min(larger, default=1)
-        runs[d] = run if 1 <= run < view.shape[d] else 1  # (else: one piece per element)
+        runs[d] = run if run < view.shape[d] else 1  # (else: one piece per element)
     for d in sorted(dims, key=lambda d: -(-view.shape[d] // runs[d])):
         n, run = view.shape[d], runs[d]
         pieces = -(-n // run)
@@ -270,7 +272,7 @@ def _stacked(flat, view: View, budget: int):
             )
             parts.append(_sliced(flat, piece, budget // pieces))
         if all(p is not None for p in parts):
-            return parts[0] if pieces == 1 else jnp.concatenate(parts, axis=d)
+            return jnp.concatenate(parts, axis=d)  # (at least two: n > 1, run < n or 1)
     return None
 
 
@@ -334,7 +336,7 @@ def fresh_storage(value, strides: tuple[int, ...] | None):
     contiguous), offset 0: how a fresh output tensor keeps PyTorch's layout. A
     contiguous one is value itself (`layout_shape`)."""
     shape = tuple(value.shape)
-    if strides is None or tuple(strides) == contiguous_strides(shape):
+    if layout_shape(shape, strides) == shape:
         return value
     span = storage_span(shape, strides, 0)
     view = View(shape, strides, 0, value.dtype, span, value.dtype)

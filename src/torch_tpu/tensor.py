@@ -72,7 +72,8 @@ _BY_ADDRESS = _AddressTable()
 
 def _attach_storage(t: torch.Tensor, shape, strides, dtype: torch.dtype, value, numel) -> None:
     """Back t with a new storage of numel elements and the given geometry."""
-    payload = Storage(value, numel, dtypes.to_jax(dtype), layout_shape(shape, strides))
+    layout = layout_shape(shape, strides) if value is None else value.shape
+    payload = Storage(value, numel, dtypes.to_jax(dtype), layout)
     _set_storage(_CPU_KEYS, t, _new_storage(numel * dtype.itemsize, payload), 0, shape, strides)
 
 
@@ -101,27 +102,23 @@ class Storage:
     """The value behind one tpu storage: a JAX array (or a fused segment's Pending) of
     numel elements, or None while never written."""
 
-    __slots__ = ("value", "numel", "dtype", "empty_shape", "__weakref__")
+    __slots__ = ("value", "numel", "dtype", "shape", "__weakref__")
 
-    def __init__(self, value, numel: int, dtype, empty_shape: tuple | None = None) -> None:
+    def __init__(self, value, numel: int, dtype, shape: tuple | None = None) -> None:
         self.value = value
         self.numel = numel
         self.dtype = dtype  # jnp dtype of the array
-        self.empty_shape = (numel,) if empty_shape is None else empty_shape  # (zeros are made)
-
-    @property
-    def shape(self) -> tuple:
-        """The array's shape (programs are compiled for it): flat, or the shape of the
-        contiguous tensor the storage was made for."""
-        value = self.value
-        return self.empty_shape if value is None else value.shape
+        # The array's shape, fixed for the storage's life (every write keeps it; the
+        # zeros of an unwritten storage have it): flat, or the shape of the contiguous
+        # tensor the storage was made for. Programs are compiled for it.
+        self.shape = (numel,) if shape is None else shape
 
     def array(self, reason: str = "value needed"):
         """The array: materialises zeros for a storage never written, and runs the
         fused segment (naming why) if the value is still pending."""
         value = self.value
         if value is None:
-            value = self.value = _zeros(self.empty_shape, self.dtype)
+            value = self.value = _zeros(self.shape, self.dtype)
         elif type(value) is fuse.Pending:
             if value.value is None:
                 fuse.flush(reason)
@@ -132,7 +129,7 @@ class Storage:
         """The value without forcing it: an array, or a Pending in fused mode."""
         value = self.value
         if value is None:
-            value = self.value = _zeros(self.empty_shape, self.dtype)
+            value = self.value = _zeros(self.shape, self.dtype)
         elif type(value) is fuse.Pending and value.value is not None:
             value = self.value = value.value
         return value
@@ -236,12 +233,8 @@ def view_of(t: torch.Tensor, storage: Storage | None = None) -> View:
         _JAX_DTYPES[t.dtype],
         storage.numel,
         storage.dtype,
-        _shape_or_none(storage.shape),
+        storage.shape,
     )
-
-
-def _shape_or_none(shape: tuple) -> tuple | None:
-    return None if len(shape) == 1 else shape
 
 
 _JAX_DTYPES = dtypes.TORCH_TO_JAX

@@ -513,9 +513,7 @@ def _abstract_storages(layout):
                 if ref is not None:
                     views[ref[0]] = ref[1]
     return tuple(
-        jax.ShapeDtypeStruct(
-            views[s].storage_shape or (views[s].storage_numel,), views[s].storage_dtype
-        )
+        jax.ShapeDtypeStruct(views[s].storage_shape, views[s].storage_dtype)
         for s in range(len(views))
     )
 

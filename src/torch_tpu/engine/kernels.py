@@ -201,7 +201,7 @@ def _fills_fresh_storage(self, src) -> bool:
         and self.shape == src.shape
         and self.is_contiguous()
         and self.storage_offset() == 0
-        and storage.numel == self.numel()
+        and storage.shape == src.shape  # (a whole contiguous view of another shape: copy_)
     )
 
 
