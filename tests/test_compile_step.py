@@ -141,6 +141,50 @@ def test_donated_parameters_never_show_through_other_references(sgd_run):
     assert metrics.snapshot().get("compiled_graph_donation_copies", 0) == copies + 2
 
 
+def test_changes_to_the_model_between_steps_are_followed_as_on_cpu():
+    """The step keeps the model's parameter list between calls; a change to the module tree
+    (a swapped submodule, a replaced buffer) or a newly frozen parameter must trace again,
+    never run the old program (a swapped activation gave the old results silently)."""
+    cpu = _mlp(batch_norm=True)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu_opt, tpu_opt = _optimizer("sgd", cpu.parameters()), _optimizer("sgd", tpu.parameters())
+    step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
+    x, y = _batch()
+    changes = [
+        lambda m: None,
+        lambda m: None,  # (the state exists from here: one trace per change below)
+        lambda m: m.__setitem__(2, nn.Tanh()),
+        lambda m: m[1].register_buffer("running_mean", m[1].running_mean * 0 + 0.5),
+        lambda m: m[0].bias.requires_grad_(False),
+    ]
+    for change in changes:
+        change(cpu), change(tpu)
+        cpu_opt.zero_grad()
+        loss = nn.functional.cross_entropy(cpu(x), y)
+        loss.backward()
+        cpu_opt.step()
+        assert step(x.to("tpu"), y.to("tpu")).item() == pytest.approx(loss.item(), rel=1e-5)
+    for (name, c), t in zip(cpu.state_dict().items(), tpu.state_dict().values()):
+        torch.testing.assert_close(t.cpu(), c, msg=name)
+    assert tpu[0].bias.grad is None and step.traces == 5
+
+
+def test_gradients_of_parameters_outside_the_optimizer_accumulate_as_on_cpu():
+    """zero_grad() clears only the optimizer's parameters: the others' gradients add up
+    step after step on CPU, and so they must here."""
+    cpu = _mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu_opt, tpu_opt = _optimizer("sgd", cpu[2].parameters()), _optimizer("sgd", tpu[2].parameters())
+    step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
+    x, y = _batch()
+    for _ in range(3):
+        cpu_opt.zero_grad()
+        nn.functional.cross_entropy(cpu(x), y).backward()
+        cpu_opt.step()
+        step(x.to("tpu"), y.to("tpu"))
+    _assert_models_equal(cpu, tpu)  # parameters and gradients, the accumulated ones too
+
+
 def test_compiled_optimizer_step_donates_and_matches_cpu():
     """torch.compile's optimizer graph (an inference graph writing its inputs) donates
     what it writes; a deep copy taken before the step keeps its values."""

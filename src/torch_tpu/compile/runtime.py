@@ -31,7 +31,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import cache, metrics, precision, rng
 from ..engine import donation, executor, fastpath, modes
-from ..tensor import new_tensor, storage_of, view_of
+from ..engine.fuse import Pending
+from ..tensor import Fresh, storage_of, view_of
 from . import interpret
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every graph's executables, for cache.clear()
@@ -62,6 +63,7 @@ class CompiledGraph:
         self._boxed_call = True
         self.graph = gm.graph
         self.name = name
+        self.reason = f"compiled graph {name}"  # why a fused segment had to run first
         self.options = dict(options or {})
         nodes = interpret.input_nodes(gm.graph)
         self.n_placeholders = sum(1 for n in nodes if n.op == "placeholder")
@@ -103,8 +105,8 @@ class CompiledGraph:
                 j = value_index.setdefault(item, len(value_index))
                 self.plan.append(("value", j))
         self.value_nodes = tuple(value_index)
-        self.out_meta = [
-            (tuple(v.shape), v.dtype, interpret.output_strides(v))
+        self.fresh = [  # how each computed output becomes a tensor (worked out once)
+            Fresh(v.shape, v.dtype, interpret.output_strides(v))
             for v in (n.meta["val"] for n in self.value_nodes)
         ]
 
@@ -113,7 +115,10 @@ class CompiledGraph:
         tensors = list(args) + self.constants
         args.clear()
         key, storages, host = self._describe(tensors)
-        arrays = [s.array(f"compiled graph {self.name}") for s in storages]
+        arrays = [  # (an array already: no call; else zeros, or a fused segment's value)
+            v if (v := s.value) is not None and type(v) is not Pending else s.array(self.reason)
+            for s in storages
+        ]
         if self.random_nodes:
             seed, counter = rng.next_key_inputs()
             for _ in range(len(self.random_nodes) - 1):
@@ -133,18 +138,18 @@ class CompiledGraph:
             jax.block_until_ready((flats, written))
         for slot, value in zip(written_slots, written):
             storages[slot].value = value
-        bumped = []
-        for k in self.written_inputs:
-            if k in host:
-                host[k].copy_(tensors[k])  # back to the CPU tensor the graph mutated
-            else:
-                bumped.append(tensors[k])
+        if host:
+            bumped = []
+            for k in self.written_inputs:
+                if k in host:
+                    host[k].copy_(tensors[k])  # back to the CPU tensor the graph mutated
+                else:
+                    bumped.append(tensors[k])
+        else:
+            bumped = [tensors[k] for k in self.written_inputs]
         if bumped:  # as an in-place op does; one call for all (a step writes hundreds)
             torch.autograd.graph.increment_version(bumped)
-        values = [
-            new_tensor(shape, dtype, flat, strides)
-            for (shape, dtype, strides), flat in zip(self.out_meta, flats)
-        ]
+        values = [fresh.make(flat) for fresh, flat in zip(self.fresh, flats)]
         out = []
         for tag, index in self.plan:
             if tag == "value":
@@ -169,20 +174,21 @@ class CompiledGraph:
         storages: list = []
         slots: dict = {}
         host: dict = {}
+        add_tensor = fastpath.add_tensor
         for k, t in enumerate(tensors):
-            if not isinstance(t, torch.Tensor):
-                # a size input: the executable is specialised on it; an opaque object
-                # (a DeviceMesh) only passes through to the outputs (backend.py checks)
-                key.append((int(t) if isinstance(t, int) else interpret.OPAQUE,))
-                continue
             try:
                 storage = t.untyped_storage()._tpu
             except AttributeError:
+                if not isinstance(t, torch.Tensor):
+                    # a size input: the executable is specialised on it; an opaque object
+                    # (a DeviceMesh) only passes through to the outputs (backend.py checks)
+                    key.append((int(t) if isinstance(t, int) else interpret.OPAQUE,))
+                    continue
                 if t.device.type != executor.DEVICE_TYPE:  # a CPU scalar (optimizer step)
                     host[k] = t
                     t = tensors[k] = executor.upload(t)
                 storage = storage_of(t)
-            fastpath.add_tensor(t, storage, key, storages, slots)
+            add_tensor(t, storage, key, storages, slots)
         return tuple(key), storages, host
 
     @staticmethod

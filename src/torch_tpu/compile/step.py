@@ -70,19 +70,23 @@ class CompiledStep:
         self.traces = 0  # how many times a step was traced (tests, diagnostics)
         self._programs: dict = {}
         self._lr_tensors: dict = {}
+        self._members: _Members | None = None
 
     def __call__(self, inputs, *targets) -> torch.Tensor:
         model_inputs = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
         data = model_inputs + list(targets)
-        named = list(self.model.named_parameters())
-        buffers = list(self.model.named_buffers())
-        params = [p for _, p in named]
+        members = self._members
+        if members is None or not members.current():
+            members = self._members = _Members(self.model, members.version + 1 if members else 0)
+        named, buffers, params = members.named, members.buffers, members.params
         state_keys, state_values = _state(self.optimizer, params)
         lrs = [self._lr(group["lr"]) for group in self.optimizer.param_groups]
         key = (
             self.model.training,
             len(model_inputs),
-            tuple((id(p), p.requires_grad) for p in params),
+            members.version,  # the module tree: a swapped submodule traces again
+            members.ids,
+            tuple([p.requires_grad for p in params]),
             tuple(state_keys),
             _hyperparameters(self.optimizer),
             tuple(_describe(t) for t in data),
@@ -161,26 +165,33 @@ class CompiledStep:
             raise UnsupportedStep(f"compile_step: no tpu lowering for {e}") from None
         name = f"compile_step:{type(self.model).__name__}#{id(self):x}.{self.traces}"
         graph = CompiledGraph(gm, name, None, self.options)
-        return _Program(graph, found["has_grad"], found["created"])
+        in_optimizer = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        zeroed = [id(p) in in_optimizer for p in params]
+        return _Program(graph, found["has_grad"], zeroed, found["created"])
 
 
 class _Program:
     """One traced step: its compiled graph and where its outputs go."""
 
-    def __init__(self, graph, has_grad: list[bool], created: list[tuple[int, str]]) -> None:
+    def __init__(
+        self, graph, has_grad: list[bool], zeroed: list[bool], created: list[tuple[int, str]]
+    ) -> None:
         self.graph = graph
         self.has_grad = has_grad
+        self.zeroed = zeroed  # per parameter: the optimizer's, so zero_grad() clears it
         self.created = created
 
     def run(self, params: list, optimizer, args: list) -> torch.Tensor:
         outputs = self.graph(args)
         loss = outputs[0]
         k = 1
-        for p, has in zip(params, self.has_grad):
+        for p, has, zeroed in zip(params, self.has_grad, self.zeroed):
             if has:
-                p.grad = outputs[k]
+                grad = outputs[k]
                 k += 1
-            elif p.requires_grad:
+                # backward accumulates into a gradient that zero_grad() did not clear
+                p.grad = grad if zeroed or p.grad is None else p.grad + grad
+            elif zeroed:
                 p.grad = None  # as after zero_grad(): backward left it unset
         for index, name in self.created:
             optimizer.state[params[index]][name] = outputs[k]
@@ -189,6 +200,36 @@ class _Program:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+class _Members:
+    """The model's named parameters and buffers, kept between steps: walking the module
+    tree every step cost more host time than the rest of the step's bookkeeping.
+    `current()` checks, per module, the names and identities of its parameters, buffers
+    and submodules: any assignment, deletion or new submodule anywhere in the tree
+    changes one of them, and the next `_Members` (version + 1) keys a new trace. (The
+    objects are held here, so no identity seen is reused by a new object.)"""
+
+    def __init__(self, model: nn.Module, version: int) -> None:
+        self.version = version
+        self.named = list(model.named_parameters())
+        self.buffers = list(model.named_buffers())
+        self.params = [p for _, p in self.named]
+        self.ids = tuple(id(p) for p in self.params)
+        self.modules = [m for _, m in model.named_modules(remove_duplicate=False)]
+        self.fingerprint = _fingerprint(self.modules)
+
+    def current(self) -> bool:
+        return _fingerprint(self.modules) == self.fingerprint
+
+
+def _fingerprint(modules: list) -> list:
+    out: list = []
+    for m in modules:
+        for entries in (m._parameters, m._buffers, m._modules):
+            out += entries  # the names
+            out += map(id, entries.values())
+    return out
 
 
 def _split(flat, sizes) -> tuple:
@@ -203,10 +244,12 @@ def _state(optimizer, params: list) -> tuple[list, list]:
     """((param index, state name) per tensor in the optimizer's state, the tensors)."""
     keys, values = [], []
     for k, p in enumerate(params):
-        state = optimizer.state.get(p, {})
+        state = optimizer.state.get(p)
+        if not state:
+            continue
         for name, value in state.items():
             if isinstance(value, torch.Tensor):
-                if value.device.type != DEVICE_TYPE:  # a CPU step counter (eager, a checkpoint)
+                if value.is_cpu:  # a CPU step counter (eager, a checkpoint)
                     value = state[name] = value.to(DEVICE_TYPE)
                 keys.append((k, name))
                 values.append(value)
