@@ -174,7 +174,8 @@ def test_gradients_of_parameters_outside_the_optimizer_accumulate_as_on_cpu():
     step after step on CPU, and so they must here."""
     cpu = _mlp()
     tpu = copy.deepcopy(cpu).to("tpu")
-    cpu_opt, tpu_opt = _optimizer("sgd", cpu[2].parameters()), _optimizer("sgd", tpu[2].parameters())
+    cpu_opt = _optimizer("sgd", cpu[2].parameters())
+    tpu_opt = _optimizer("sgd", tpu[2].parameters())
     step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
     x, y = _batch()
     for _ in range(3):

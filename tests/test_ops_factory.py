@@ -102,3 +102,38 @@ def test_scalar_and_literal_tensors():
     _same(lambda device: torch.full((2, 3), 4, device=device))
     _same(lambda device: torch.zeros(2, 3, device=device, dtype=torch.int8))
     _same(lambda device: torch.ones(0, 4, device=device))
+
+
+@pytest.mark.parametrize("eager", ["strict", "fused"])
+@pytest.mark.parametrize("fmt,shape", [(torch.channels_last, (2, 3, 4, 5)),
+                                       (torch.channels_last_3d, (2, 3, 2, 4, 5))])
+def test_memory_formats_keep_cpu_strides_and_storage_order(eager, fmt, shape):
+    """A memory format given to empty, empty_like, clone, contiguous or to() lays the tensor
+    out as on CPU. Dropping it changed no printed value, but code that reads the storage
+    order (resize_as_, view after permute, is_contiguous) then got other answers."""
+    x = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
+    made = {}
+    with torch.tpu.set_eager_mode(eager):
+        for device in ("cpu", "tpu"):
+            xd = x.to(device)
+            converted = xd.contiguous(memory_format=fmt)
+            flat = torch.arange(float(x.numel()), device=device)
+            flat.resize_as_(converted, memory_format=torch.preserve_format)
+            made[device] = {
+                "empty": torch.empty(shape, device=device, memory_format=fmt),
+                "empty_like": torch.empty_like(converted),
+                "clone": xd.clone(memory_format=fmt),
+                "contiguous": converted,
+                "to": xd.to(memory_format=fmt),
+                "op on it": converted * 2 + 1,
+                "resize_as_": flat,
+                "storage order": converted.permute(0, *range(2, len(shape)), 1).reshape(-1),
+            }
+    for name, expected in made["cpu"].items():
+        actual = made["tpu"][name]
+        assert actual.stride() == expected.stride(), name
+        assert actual.is_contiguous(memory_format=fmt) == expected.is_contiguous(memory_format=fmt)
+        if not name.startswith("empty"):
+            torch.testing.assert_close(actual.cpu(), expected, msg=name)
+    with pytest.raises(RuntimeError, match="rank"):  # PyTorch's own check of the rank
+        torch.empty(2, 3, 4, device="tpu", memory_format=torch.channels_last)

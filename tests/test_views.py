@@ -169,3 +169,63 @@ def test_complex_view_as_real_writes_through():
         torch.view_as_real(x)[:, 1].fill_(0.5)
     torch.testing.assert_close(tpu.cpu(), cpu)
     torch.testing.assert_close(torch.view_as_real(tpu).cpu(), torch.view_as_real(cpu))
+
+
+def _conjugate_program(x):
+    """Every way PyTorch hands a conjugate or negative view on: to ops that read the bit
+    (mm, dot, vdot, copy_, clone), to ops it resolves first (add, sum), writes through
+    the view and through the base after the view was taken, and the host read."""
+    v = x.conj()
+    vi = v.imag  # a negative view of x's imaginary parts
+    n = torch._neg_view(x)
+    x[0, 0] = 5 + 5j  # the views see a write to the base
+    v[1, 1] = 7 + 7j  # the base sees a write through the view
+    vi[2, 0] = 1.5
+    out = {
+        "v": v.clone(), "vi": vi.clone(), "n": n.clone(), "x": x.clone(),
+        "mm": v @ x, "mm_t": x.mH @ x, "dot": torch.dot(v[0], x[1]),
+        "vdot": torch.vdot(v[0], x[1]), "add": v + 1, "sum": v.sum(), "item": v[0, 0].item(),
+        "resolved": v.resolve_conj(), "conj_conj": v.conj(), "real_of_conj": v.real * 1,
+    }
+    v[0].add_(1j)  # an in-place op on the view (PyTorch resolves and writes back)
+    target = torch.zeros_like(x).conj()
+    target.copy_(x)  # copy_ into a conjugate view stores the conjugate
+    out.update(after_add=x.clone(), copied=target.resolve_conj(), stored=target.conj().clone())
+    return out
+
+
+def test_conjugate_and_negative_views_alias_their_base_as_on_cpu():
+    """x.conj(), x.conj().imag and torch._neg_view(x) are views with PyTorch's lazy bits;
+    a copy instead (the lowering's result) missed every later write to x and lost writes
+    made through it."""
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    cpu = torch.complex(base, -base / 2)[:, :3]
+    expected = _conjugate_program(cpu.clone())
+    tpu = cpu.to("tpu")
+    got = _conjugate_program(tpu)
+    for name, value in expected.items():
+        actual = got[name]
+        if isinstance(value, torch.Tensor):
+            assert actual.is_conj() == value.is_conj() and actual.is_neg() == value.is_neg(), name
+            torch.testing.assert_close(actual.cpu(), value, msg=name)
+        else:
+            assert actual == pytest.approx(value), name
+    assert tpu.conj()._base is tpu and tpu.conj().is_conj()
+
+
+def test_bool_storages_viewed_as_bytes_and_back():
+    """view(dtype) to and from bool (XLA has no bool bitcast: a JAX TypeError reached the
+    user at the read), reading and writing through the view."""
+    flags = torch.tensor([True, False, True, True, False, False, True, False])
+    raw = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1], dtype=torch.uint8)
+    results = {}
+    for device in ("cpu", "tpu"):
+        b, u = flags.to(device), raw.to(device)
+        as_bytes, as_flags = b.view(torch.uint8), u.view(torch.bool)
+        as_bytes[0] = 0  # a byte written into a bool storage
+        as_flags[1] = False  # a bool written into a byte storage
+        results[device] = [as_bytes * 1, as_flags.clone(), b.view(torch.int8) + 0,
+                           b.view(torch.float16) * 1, b.clone(), u.clone()]
+    for expected, actual in zip(results["cpu"], results["tpu"]):
+        assert actual.dtype == expected.dtype
+        torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)

@@ -36,6 +36,10 @@ class View(NamedTuple):
     # the storage array's shape (a tensor's own View, part of program keys); None in
     # views made inside programs, which read and write whatever array they are given
     storage_shape: tuple[int, ...] | None = None
+    # PyTorch's lazy conjugate and negative bits (x.conj(), x.conj().imag): the tensor
+    # is a view whose value is the conjugate / negation of what its storage holds
+    conj: bool = False
+    neg: bool = False
 
 
 def layout_shape(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -73,9 +77,15 @@ def storage_span(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) 
 
 
 def _reinterpret(flat, src, dst):
-    """The flat storage seen as another dtype (view(dtype), view_as_real)."""
+    """The flat storage seen as another dtype (view(dtype), view_as_real). XLA has no
+    bitcast for bool: its bytes are read as uint8 (0 or 1), and bytes seen as bool are
+    `!= 0` (so a bool storage keeps 0/1 only, where PyTorch's would keep any byte)."""
     if src == dst:
         return flat
+    if src == jnp.bool_:
+        return _reinterpret(flat.astype(jnp.uint8), jnp.dtype(jnp.uint8), dst)
+    if dst == jnp.bool_:
+        return _reinterpret(flat, src, jnp.dtype(jnp.uint8)) != 0
     if jnp.issubdtype(src, jnp.complexfloating) and not jnp.issubdtype(dst, jnp.complexfloating):
         parts = jnp.stack([flat.real, flat.imag], axis=-1).reshape(-1)
         return _reinterpret(parts, parts.dtype, dst)
@@ -195,6 +205,19 @@ def _indices(view: View):
 
 def read(flat, view: View):
     """The tensor's value: an array of view.shape and view.dtype."""
+    value = _read_stored(flat, view)
+    return _apply_bits(value, view) if view.conj or view.neg else value
+
+
+def _apply_bits(value, view: View):
+    """The value a conjugate / negative view shows of what its storage holds (each bit is
+    its own inverse, so writing applies it too)."""
+    if view.conj:
+        value = jnp.conj(value)
+    return -value if view.neg else value
+
+
+def _read_stored(flat, view: View):
     numel = math.prod(view.shape)
     if numel == 0:
         return jnp.zeros(view.shape, view.dtype)
@@ -282,6 +305,7 @@ def spans_storage(view: View) -> bool:
     host can then read it from the flat array by itself, no program needed."""
     return (
         view.offset == 0
+        and not (view.conj or view.neg)
         and view.dtype == view.storage_dtype
         and math.prod(view.shape) == view.storage_numel
         and (view.storage_numel <= 1 or is_dense(view.shape, view.strides))
@@ -306,11 +330,17 @@ def write(flat, view: View, value):
     through the view."""
     if math.prod(view.shape) == 0:
         return flat
-    value = jnp.broadcast_to(value.astype(view.dtype), view.shape)
+    value = value.astype(view.dtype)
+    if view.conj or view.neg:
+        value = _apply_bits(value, view)
+    return _write_stored(flat, view, jnp.broadcast_to(value, view.shape))
+
+
+def _write_stored(flat, view: View, value):
     if flat.ndim != 1:
         if _is_the_array(flat, view):
             return value
-        return write(flat.reshape(-1), view, value).reshape(flat.shape)
+        return _write_stored(flat.reshape(-1), view, value).reshape(flat.shape)
     typed = _reinterpret(flat, view.storage_dtype, view.dtype)
     order = _dense_order(view.shape, view.strides)
     broadcast = any(n != 1 and s == 0 for n, s in zip(view.shape, view.strides))

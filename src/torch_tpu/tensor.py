@@ -234,6 +234,8 @@ def view_of(t: torch.Tensor, storage: Storage | None = None) -> View:
         storage.numel,
         storage.dtype,
         storage.shape,
+        t.is_conj(),
+        t.is_neg(),
     )
 
 

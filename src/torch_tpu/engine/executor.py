@@ -39,6 +39,9 @@ class OpSpec:
     lowering_args: tuple[int, ...]  # which schema args the lowering receives
     targets: tuple[int | None, ...]  # per lowering output: the arg it is written into, or None
     kinds: tuple[Kind, ...] = field(default=())
+    # PyTorch hands this op conjugate / negative views as they are (mm, copy_, clone...;
+    # for every other op it resolves them first): its signature must tell them apart
+    sees_bits: bool = False
 
 
 def make_spec(schema: OpSchema, lowering: Lowering, lowering_args=None, targets=None) -> OpSpec:
@@ -48,7 +51,12 @@ def make_spec(schema: OpSchema, lowering: Lowering, lowering_args=None, targets=
         names = [a.name for a in schema.args]
         targets = tuple(schema.return_aliases) + tuple(names.index(w) for w in lowering.writes)
     kinds = tuple(_kind(a, lowering) for a in schema.args)
-    return OpSpec(schema, lowering, tuple(lowering_args), tuple(targets), kinds)
+    name = schema.name.removesuffix(".default")
+    sees_bits = any(
+        torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+        for key in ("Conjugate", "Negative")
+    )
+    return OpSpec(schema, lowering, tuple(lowering_args), tuple(targets), kinds, sees_bits)
 
 
 def _kind(arg, lowering: Lowering) -> Kind:

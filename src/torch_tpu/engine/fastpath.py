@@ -42,6 +42,8 @@ def signature(spec, values: list):
 
     The signature is flat and still unambiguous: a tensor adds its storage slot (an
     int) and six more items, a number its type, an absent argument None."""
+    if spec.sees_bits and _any_bits(spec, values):
+        return None  # a conjugate / negative view: the general path's View holds the bits
     key = [spec]
     storages: list = []
     slots: dict = {}
@@ -84,6 +86,17 @@ def signature(spec, values: list):
         else:  # index lists: CPU indices and None entries, the general path's job
             return None
     return tuple(key), storages, dynamic
+
+
+def _any_bits(spec, values: list) -> bool:
+    for kind, value in zip(spec.kinds, values):
+        if kind is _TENSOR_LIST:
+            if any(t.is_conj() or t.is_neg() for t in value):
+                return True
+        elif (kind is _TENSOR or kind is _OPT_TENSOR) and isinstance(value, torch.Tensor):
+            if value.is_conj() or value.is_neg():
+                return True
+    return False
 
 
 def _tensor(t: torch.Tensor, key: list, storages: list, slots: dict) -> bool:

@@ -40,6 +40,12 @@ _METADATA_OPS = (
     "set_.source_Tensor_storage_offset",
 )
 
+# Views that set PyTorch's conjugate / negative bit: in eager mode PyTorch's own kernel
+# makes the alias (a copy would not see later writes to the base, nor pass writes back)
+# and reads and writes honour the bits (`strided.View.conj`/`neg`); compiled graphs,
+# which are functional, still use the lowerings.
+_BIT_VIEWS = ("_conj.default", "_neg_view.default")
+
 _lib = torch.library.Library("aten", "IMPL")
 # Every overload we registered a PrivateUse1 kernel for -> how it runs:
 # "lowered" (its own lowering), "derived" (in-place/out= variant of a lowering),
@@ -136,7 +142,13 @@ def _check_device(device) -> None:
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     _check_device(device)
-    return new_tensor(tuple(size), dtype or torch.get_default_dtype(), None)
+    size = tuple(size)
+    strides = None
+    if memory_format is not None and memory_format != torch.contiguous_format:
+        # channels_last and the like: PyTorch's strides (and its errors) from a meta tensor;
+        # dropping them laid resize_as_'s values out in another order than on CPU
+        strides = torch.empty(size, memory_format=memory_format, device="meta").stride()
+    return new_tensor(size, dtype or torch.get_default_dtype(), None, strides)
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
@@ -336,6 +348,6 @@ def register_all() -> None:
 
     _register_specials()
     for name, lowering in sorted(LOWERINGS.items()):
-        if name not in KERNELS:
+        if name not in KERNELS and name not in _BIT_VIEWS:
             _register_lowering(name, lowering)
     _register_decompositions()
