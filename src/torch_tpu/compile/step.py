@@ -270,7 +270,8 @@ def _describe(t) -> tuple:
         raise UnsupportedStep(
             f"compile_step: step inputs and targets must be tensors, got {type(t).__name__}"
         )
-    return (tuple(t.shape), t.stride(), t.dtype, t.device.type)
+    # (a conjugate view reads differently from a plain tensor of the same geometry)
+    return (tuple(t.shape), t.stride(), t.dtype, t.device.type, t.is_conj(), t.is_neg())
 
 
 def _check_inputs(data: list) -> None:
