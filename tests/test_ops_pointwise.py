@@ -514,3 +514,26 @@ def test_polygamma_negative_arguments_and_poles(n, no_pointwise_fallback):
 
 def test_digamma_gradient_at_negative_arguments(no_pointwise_fallback):
     assert_same_grad(torch.digamma, torch.tensor([-8.4784, -4.3228, -0.5735, 1.1351, 5.1]))
+
+
+@pytest.mark.parametrize("eager", ["strict", "fused"])
+def test_integer_promotion_follows_the_default_dtype(eager):
+    """torch.set_default_dtype(torch.float64) makes int / int, uint8 + 5.5 and sqrt of an
+    int float64, as on CPU. The first default seen stuck: its output dtype in the op's
+    cached entry and its compute dtype in the traced program (float32 digits silently)."""
+    a, b = torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([3, 3, 7], dtype=torch.int32)
+    u = torch.tensor([0, 1, 200], dtype=torch.uint8)
+    programs = [lambda a, b, u: a / b, lambda a, b, u: u + 5.5, lambda a, b, u: torch.sqrt(a),
+                lambda a, b, u: torch.div(a, 3.0), lambda a, b, u: a * 0.1]
+    saved = torch.get_default_dtype()
+    try:
+        with torch.tpu.set_eager_mode(eager):
+            for default in (torch.float32, torch.float64, torch.float32):
+                torch.set_default_dtype(default)
+                for program in programs:
+                    expected = program(a, b, u)
+                    actual = program(a.to("tpu"), b.to("tpu"), u.to("tpu"))
+                    assert actual.dtype == expected.dtype == default
+                    torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)
+    finally:
+        torch.set_default_dtype(saved)

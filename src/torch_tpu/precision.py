@@ -1,4 +1,5 @@
-"""`torch.set_float32_matmul_precision`, honoured by matmul and convolution lowerings.
+"""`torch.set_float32_matmul_precision`, honoured by matmul and convolution lowerings,
+and `torch.set_default_dtype`, which decides the float dtype integer operands promote to.
 
 PyTorch's setting says how exactly float32 matrix products must be computed:
 "highest" (the default: full float32), "high" (TensorFloat-32 on a GPU) or
@@ -11,6 +12,9 @@ Lowerings read the precision when they are traced, so it is part of every progra
 text, hence of its cache key; the in-memory tables that map an op or a graph to an
 executable are forgotten when the setting changes (`sync`, called before every op
 and compiled-graph call), so no program traced under one setting runs under another.
+The default dtype is followed the same way: an op's output dtype (PyTorch's meta
+kernel, `int_tensor / int_tensor` is the default dtype) is worked out at its first
+call, and its compute dtype when it is traced.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ _PRECISIONS = {
 }
 _NEW_API = {"ieee": "highest", "tf32": "high", "bf16": "medium"}  # fp32_precision values
 _current = "highest"
+_default_dtype = torch.get_default_dtype()
 
 
 def _setting() -> str:
@@ -43,11 +48,12 @@ def _setting() -> str:
 
 
 def sync() -> None:
-    """Follow a change of PyTorch's float32 matmul precision."""
-    global _current
+    """Follow a change of PyTorch's float32 matmul precision or default dtype."""
+    global _current, _default_dtype
     setting = _setting()
-    if setting != _current:
-        _current = setting
+    default_dtype = torch.get_default_dtype()
+    if setting != _current or default_dtype is not _default_dtype:
+        _current, _default_dtype = setting, default_dtype
         cache.forget_lookups()
 
 

@@ -66,14 +66,16 @@ def _stand_in(description):
 
 
 @functools.cache
-def _compute_dtype(descriptions: tuple, kind) -> jnp.dtype:
+def _compute_dtype(descriptions: tuple, kind, default_dtype: torch.dtype) -> jnp.dtype:
+    # (default_dtype: what integers promote to; elementwise_dtypes reads it itself)
     compute, _ = elementwise_dtypes(*map(_stand_in, descriptions), type_promotion_kind=kind)
     return dtypes.to_jax(compute)
 
 
 def _cast(kind, *xs):
     """xs (None passes through) in the dtype PyTorch computes this op in."""
-    dtype = _compute_dtype(tuple(_describe(x) for x in xs if x is not None), kind)
+    descriptions = tuple(_describe(x) for x in xs if x is not None)
+    dtype = _compute_dtype(descriptions, kind, torch.get_default_dtype())
     return [None if x is None else jnp.asarray(x).astype(dtype) for x in xs]
 
 
