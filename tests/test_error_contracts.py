@@ -333,3 +333,58 @@ def test_lowering_failures_are_runtime_errors_naming_the_op():
     with pytest.raises(RuntimeError, match="^as raised$"):
         with executor.lowering_errors("aten::my_op"):
             raise RuntimeError("as raised")
+
+
+# ------------------------------------- found by PyTorch's test_type_promotion on tpu
+
+
+def _t(values, dtype, device):
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.ones(4, device=d).index_put_((_t([0, 1], torch.long, d),),
+                                                  _t([7, 8], torch.long, d)),
+    lambda d: torch.ones(4, device=d).index_put_((_t([0], torch.long, d),),
+                                                  _t(3, torch.long, d), accumulate=True),
+    lambda d: torch.ones(5, 2, dtype=torch.float64, device=d).__setitem__(
+        (slice(None), [1]), torch.zeros(5, 1, dtype=torch.int32, device=d)),
+    lambda d: torch.ones(4, device=d).__setitem__(
+        _t([True, False, True, False], torch.bool, d), _t([7, 8], torch.long, d)),
+], ids=["index_put_", "accumulate_0d", "setitem_list", "setitem_mask"])
+def test_index_put_of_another_dtype_raises(eager_mode, case):
+    """CPU refuses values of another dtype; tpu cast and wrote them silently."""
+    assert_same_error(case)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.add(_t([True, False], torch.bool, d), _t([True, True], torch.bool, d),
+                        alpha=1.1),
+    lambda d: torch.add(_t([1, 2], torch.int32, d), _t([1, 1], torch.int32, d), alpha=1.5),
+    lambda d: torch.sub(_t([1, 2], torch.int64, d), 1, alpha=0.5),
+    lambda d: torch.add(_t([1.0, 2.0], torch.float32, d), _t([1.0, 1.0], torch.float32, d),
+                        alpha=True),
+    lambda d: torch.add(_t([1.0], torch.float32, d), _t([1.0], torch.float32, d), alpha=1j),
+    lambda d: torch.rsub(_t([1, 2], torch.int32, d), _t([1, 1], torch.int32, d), alpha=2.5),
+], ids=["bool_float_alpha", "int_float_alpha", "sub_scalar", "bool_alpha", "complex_alpha",
+        "rsub"])
+def test_alpha_of_the_wrong_kind_raises(eager_mode, case):
+    """A float alpha on bool tensors gave a result where CPU raises; on ints, a ValueError
+    of PyTorch's reference implementation instead of CPU's RuntimeError."""
+    assert_same_error(case)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.add(_t([33000.0], torch.float16, d), _t([33000.0], torch.float16, d),
+                        out=torch.empty(1, dtype=torch.float64, device=d)),
+    lambda d: torch.add(_t([1.0, 3.33], torch.bfloat16, d), _t([0.001, 0.002], torch.bfloat16, d),
+                        out=torch.empty(2, dtype=torch.float32, device=d)),
+    lambda d: torch.true_divide(_t([2.252], torch.float16, d), _t([1.0], torch.float16, d),
+                                out=torch.empty(1, dtype=torch.float64, device=d)),
+    lambda d: torch.mul(_t([300.0], torch.float16, d), 300,
+                        out=torch.empty(1, dtype=torch.float32, device=d)),
+], ids=["f16_overflow", "bf16_rounding", "true_divide", "mul_scalar"])
+def test_out_of_a_wider_dtype_gets_the_ops_own_rounding(eager_mode, case):
+    """op(..., out=wider) computes in the op's result dtype and casts into out, as on CPU
+    (tpu wrote the float32 intermediate: 65984 where CPU overflows to inf)."""
+    assert_same_outcome(case)

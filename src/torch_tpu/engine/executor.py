@@ -379,13 +379,15 @@ def _to_meta(value):
 
 
 def _meta_run(spec: OpSpec, values: list):
-    """Run the op on meta tensors: PyTorch's own shapes, dtypes and input checks."""
+    """Run the op on meta tensors: PyTorch's own shapes, dtypes and input checks; also
+    `_out_result_dtypes`."""
     meta_values = [_to_meta(v) for v in values]
-    _check_out_casts(spec, meta_values)  # (before the op: some meta kernels word it otherwise)
+    # (before the op: some meta kernels word the cast error otherwise)
+    out_dtypes = _out_result_dtypes(spec, meta_values)
     args = [v for a, v in zip(spec.schema.args, meta_values) if not a.kwarg_only]
     kwargs = {a.name: v for a, v in zip(spec.schema.args, meta_values) if a.kwarg_only}
     result = spec.schema.op(*args, **kwargs)
-    return meta_values, result
+    return meta_values, result, out_dtypes
 
 
 ABSENT = "absent"  # an output the op does not produce (a masked-out gradient)
@@ -409,9 +411,9 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
     try:
         if spec.lowering.skip_meta:
             raise NotImplementedError
-        meta_values, result = _meta_run(spec, values)
+        meta_values, result, out_dtypes = _meta_run(spec, values)
     except NotImplementedError:
-        meta_values, result = None, None
+        meta_values, result, out_dtypes = None, None, None
     n_returns = len(spec.schema.return_aliases)
     results = result if isinstance(result, tuple) else (result,)
     if n_returns == 0:
@@ -436,7 +438,7 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
             entry = layout[target]
             refs = [entry[1]] if entry[0] == "t" else [r for r in entry[1] if r is not None]
             written.extend(slot for slot, _ in refs if slot not in written)
-    program = _program(spec, layout, fresh_meta, tuple(written))
+    program = _program(spec, layout, fresh_meta, tuple(written), out_dtypes)
     return _Executable(
         None,
         program,
@@ -448,21 +450,29 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
     )
 
 
-def _check_out_casts(spec: OpSpec, meta_values: list) -> None:
-    """CPU's rule for an out= variant derived from a functional lowering: the functional
-    result's dtype must cast safely to out's (some of PyTorch's meta kernels for out=
-    variants accept any dtype, e.g. angle's)."""
+def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:
+    """For an out= variant derived from a functional lowering: per target, the dtype of
+    the functional result (None where there is none), after CPU's rule that it must
+    cast safely to out's (some of PyTorch's meta kernels for out= variants accept any
+    dtype, e.g. angle's). The result is rounded to that dtype before it is cast into
+    out, as on CPU: `add(f16, f16, out=f64)` overflows where float32 arithmetic would
+    not. None for any other op."""
     if not any(a.is_out for a in spec.schema.op._schema.arguments):
-        return
+        return None
     packet, _, overload = spec.lowering.name.partition(".")
     functional = getattr(getattr(torch.ops.aten, packet), overload)
     if functional is spec.schema.op:
-        return
+        return None
+    values = [meta_values[i] for i in spec.lowering_args]
+    schema = functional._schema.arguments
+    args = [v for a, v in zip(schema, values) if not a.kwarg_only]
+    kwargs = {a.name: v for a, v in zip(schema, values) if a.kwarg_only}  # add's alpha
     try:
-        results = functional(*[meta_values[i] for i in spec.lowering_args])
+        results = functional(*args, **kwargs)
     except Exception:  # the out= variant's own meta kernel has already judged the call
-        return
+        return None
     results = results if isinstance(results, tuple) else (results,)
+    dtypes_out = []
     for result, target in zip(results, spec.targets):
         out = None if target is None else meta_values[target]
         if isinstance(out, torch.Tensor) and isinstance(result, torch.Tensor):
@@ -471,6 +481,10 @@ def _check_out_casts(spec: OpSpec, meta_values: list) -> None:
                     f"result type {scalar_type_name(result.dtype)} can't be cast to the desired "
                     f"output type {scalar_type_name(out.dtype)}"
                 )
+            dtypes_out.append(dtypes.TORCH_TO_JAX[result.dtype])
+        else:
+            dtypes_out.append(None)
+    return tuple(dtypes_out)
 
 
 def _signature(spec: OpSpec, layout: tuple) -> list:
@@ -536,8 +550,11 @@ def _abstract_dynamic(layout):
     return tuple(out)
 
 
-def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
-    """The pure function that becomes one XLA executable for this call's geometry."""
+def _program(
+    spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple, out_dtypes=None
+):
+    """The pure function that becomes one XLA executable for this call's geometry
+    (out_dtypes: `_out_result_dtypes`)."""
     lowering = spec.lowering
     extra = {}
     if lowering.contiguity:
@@ -581,7 +598,9 @@ def _program(spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple):
         fresh = []
         new = {}
         fresh_index = 0
-        for out, target in zip(outputs, spec.targets):
+        for k, (out, target) in enumerate(zip(outputs, spec.targets)):
+            if out_dtypes is not None and out_dtypes[k] is not None:
+                out = jax.tree.map(lambda v, d=out_dtypes[k]: convert(v, d), out)
             if target is None:
                 meta = None if fresh_meta is None else fresh_meta[fresh_index]
                 fresh.append(_finish(out, meta, spec))
@@ -633,7 +652,7 @@ def _run_unjitted(spec: OpSpec, values: list, layout: tuple, inputs: _Inputs):
     """Ops whose output shape depends on values (nonzero, unique): run op by op on
     concrete arrays, syncing with the device, as a TPU must."""
     try:  # PyTorch's checks (most meta kernels stop at the data-dependent size)
-        _meta_run(spec, values)
+        _meta_run(spec, values)  # (its checks)
     except (NotImplementedError, DataDependentOutputException):
         pass
     metrics.count("host_syncs")

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from .pointwise import scalar_type_name
 from .registry import lower
 
 _MASK_DTYPES = (jnp.bool_, jnp.uint8)
@@ -135,6 +136,12 @@ def _check_index_put(values: list) -> bool:
     read it too, to turn the mask into indices)."""
     self, indices, source = values[0], values[1], values[2]
     _check_indices(self, indices)
+    if source.dtype != self.dtype:  # (CPU's check; written silently as a cast before)
+        raise RuntimeError(
+            "Index put requires the source and destination dtypes match, got "
+            f"{scalar_type_name(self.dtype)} for the destination and "
+            f"{scalar_type_name(source.dtype)} for the source."
+        )
     if source.numel() == 1:
         return True
     shapes = []  # per index, the shape of the integer index it amounts to

@@ -109,19 +109,37 @@ def _binary(fn, kind=Promo.DEFAULT):
 # ---------------------------------------------------------------- arithmetic
 
 
-@lower("add.Tensor", "add.Scalar")
+def _check_alpha(values: list) -> bool:
+    """CPU's checks of add's and sub's alpha against the result dtype (PyTorch's meta
+    kernels let a float alpha on bool tensors through, and word the rest otherwise)."""
+    alpha = values[2]
+    dtype = torch.result_type(values[0], values[1])
+    if isinstance(alpha, bool) and dtype != torch.bool:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if isinstance(alpha, float) and not (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError(
+            "For integral input tensors, argument alpha must not be a floating point number."
+        )
+    if isinstance(alpha, complex) and not dtype.is_complex:
+        raise RuntimeError(
+            "For non-complex input tensors, argument alpha must not be a complex number."
+        )
+    return False  # (alpha's type is part of the cache key)
+
+
+@lower("add.Tensor", "add.Scalar", check=_check_alpha)
 def add(self, other, alpha=1):
     a, b = _cast(Promo.DEFAULT, self, other)
     return a + b * _like(alpha, b)
 
 
-@lower("sub.Tensor", "sub.Scalar")
+@lower("sub.Tensor", "sub.Scalar", check=_check_alpha)
 def sub(self, other, alpha=1):
     a, b = _cast(Promo.DEFAULT, self, other)
     return a - b * _like(alpha, b)
 
 
-@lower("rsub.Tensor", "rsub.Scalar")
+@lower("rsub.Tensor", "rsub.Scalar", check=_check_alpha)
 def rsub(self, other, alpha=1):
     return sub(other, self, alpha)
 
