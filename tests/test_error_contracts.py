@@ -388,3 +388,15 @@ def test_out_of_a_wider_dtype_gets_the_ops_own_rounding(eager_mode, case):
     """op(..., out=wider) computes in the op's result dtype and casts into out, as on CPU
     (tpu wrote the float32 intermediate: 65984 where CPU overflows to inf)."""
     assert_same_outcome(case)
+
+
+def test_complex32_is_refused_by_name(eager_mode):
+    """tpu holds no complex32: an upload and an op whose result would be one say so (numpy's
+    'unsupported ScalarType' and a KeyError inside the lowering reached the user)."""
+    with pytest.raises(TypeError, match="do not support dtype torch.complex32"):
+        torch.tensor([1 + 1j], dtype=torch.chalf, device="tpu")
+    half = torch.tensor([1.0], dtype=torch.half, device="tpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch's "ComplexHalf support is experimental"
+        with pytest.raises(RuntimeError, match="do not support dtype torch.complex32"):
+            half + 1j

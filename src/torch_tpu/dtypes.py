@@ -51,6 +51,7 @@ def to_torch(dtype) -> torch.dtype:
 
 def numpy_from_cpu(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor's contiguous data, bfloat16 and float8 included."""
+    to_jax(t.dtype)  # (a dtype we cannot hold is named, not left to numpy's error)
     t = t.detach().resolve_conj().resolve_neg().contiguous()
     carrier = _HOST_CARRIER.get(t.dtype)
     if carrier is None:

@@ -398,6 +398,9 @@ def _describe(t) -> object:
         return ABSENT
     if isinstance(t, (list, tuple)):
         return [_describe(x) for x in t]
+    if t.dtype not in dtypes.TORCH_TO_JAX:  # (a RuntimeError: `x + 1j` turns a TypeError
+        # into Python's "unsupported operand" message)
+        raise RuntimeError(f"tpu tensors do not support dtype {t.dtype}, this op's result")
     shape, strides = tuple(t.shape), tuple(t.stride())
     # Keep PyTorch's output strides when they are a permutation of a dense layout
     # (transposed results, LAPACK's column-major factors): backward formulas and
