@@ -400,3 +400,37 @@ def test_complex32_is_refused_by_name(eager_mode):
         warnings.simplefilter("ignore")  # PyTorch's "ComplexHalf support is experimental"
         with pytest.raises(RuntimeError, match="do not support dtype torch.complex32"):
             half + 1j
+
+
+_MASK = [True, False, True]
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.zeros(3, device=d).index_fill(0, _t([0], torch.long, d), 1 + 1j),
+    lambda d: torch.zeros(3, device=d).index_fill(0, _t([0], torch.long, d),
+                                                  _t(1 + 1j, torch.complex64, d)),
+    lambda d: torch.zeros(3, device=d).fill_(1 + 1j),
+    lambda d: torch.zeros(3, dtype=torch.long, device=d).fill_(1 + 1j),
+    lambda d: torch.zeros(3, device=d).masked_fill(_t(_MASK, torch.bool, d), 1 + 1j),
+    lambda d: torch.full((2,), 1 + 1j, dtype=torch.float32, device=d),
+    lambda d: torch.zeros(3, dtype=torch.uint8, device=d).fill_(300),
+    lambda d: torch.zeros(3, dtype=torch.int8, device=d).masked_fill(_t(_MASK, torch.bool, d),
+                                                                    float("nan")),
+    lambda d: torch.full((2,), 1e10, dtype=torch.int32, device=d),
+], ids=["index_fill", "index_fill_tensor", "fill_float", "fill_long", "masked_fill", "full",
+        "fill_uint8_300", "masked_fill_int8_nan", "full_int32"])
+def test_fill_values_that_do_not_fit_raise(eager_mode, case):
+    """CPU refuses a fill value its dtype cannot hold; tpu dropped the imaginary part or
+    wrapped (300 -> 44 in uint8) silently. Found by PyTorch's test_indexing on tpu."""
+    assert_same_error(case)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.zeros(3, dtype=torch.uint8, device=d).fill_(-1),
+    lambda d: torch.zeros(3, device=d).masked_fill(_t(_MASK, torch.bool, d), float("-inf")),
+    lambda d: torch.zeros(3, dtype=torch.int64, device=d).fill_(1.5),
+    lambda d: torch.zeros(3, dtype=torch.bool, device=d).fill_(1 + 1j),
+    lambda d: torch.zeros(3, dtype=torch.complex64, device=d).fill_(1 + 1j),
+], ids=["uint8_minus_one", "masked_fill_inf", "long_one_and_a_half", "bool", "complex"])
+def test_fill_values_cpu_accepts(eager_mode, case):
+    assert_same_outcome(case)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import dtypes
+from .pointwise import check_fill_value
 from .registry import lower
 
 
@@ -17,12 +18,17 @@ def _jdtype(dtype, default="float32"):
     return dtypes.to_jax(dtype if dtype is not None else torch.get_default_dtype())
 
 
-@lower("full.default")
+def _check_full(values: list) -> bool:
+    dtype = values[2]
+    return dtype is not None and check_fill_value(values[1], dtype)
+
+
+@lower("full.default", check=_check_full)
 def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.full(tuple(size), fill_value)
 
 
-@lower("fill_.Scalar")
+@lower("fill_.Scalar", check=lambda values: check_fill_value(values[1], values[0].dtype))
 def fill_scalar(self, value):
     return jnp.full(self.shape, value, self.dtype)
 

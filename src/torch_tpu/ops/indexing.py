@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .pointwise import scalar_type_name
+from .pointwise import check_fill_value, scalar_type_name
 from .registry import lower
 
 _MASK_DTYPES = (jnp.bool_, jnp.uint8)
@@ -136,13 +136,8 @@ def _check_index_put(values: list) -> bool:
     read it too, to turn the mask into indices)."""
     self, indices, source = values[0], values[1], values[2]
     _check_indices(self, indices)
-    if source.dtype != self.dtype:  # (CPU's check; written silently as a cast before)
-        raise RuntimeError(
-            "Index put requires the source and destination dtypes match, got "
-            f"{scalar_type_name(self.dtype)} for the destination and "
-            f"{scalar_type_name(source.dtype)} for the source."
-        )
     if source.numel() == 1:
+        _check_same_dtype(self, source)
         return True
     shapes = []  # per index, the shape of the integer index it amounts to
     for ix in indices:
@@ -154,7 +149,18 @@ def _check_index_put(values: list) -> bool:
         else:
             shapes.append(tuple(ix.shape))
     _check_broadcast(tuple(source.shape), _indexed_meta_shape(tuple(self.shape), tuple(shapes)))
+    _check_same_dtype(self, source)  # (after the shapes, as CPU: its message comes first)
     return True
+
+
+def _check_same_dtype(self, source) -> None:
+    """CPU's check (tpu cast the values and wrote them silently)."""
+    if source.dtype != self.dtype:
+        raise RuntimeError(
+            "Index put requires the source and destination dtypes match, got "
+            f"{scalar_type_name(self.dtype)} for the destination and "
+            f"{scalar_type_name(source.dtype)} for the source."
+        )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -447,7 +453,19 @@ def index_copy(self, index, source):
     return self.at[index].set(source.astype(self.dtype), mode="drop")
 
 
-@lower("index_fill.int_Scalar", "index_fill.int_Tensor", check=_check_gather)
+def _check_index_fill(values: list) -> bool:
+    self, value = values[0], values[3]
+    complex_value = value.is_complex() if isinstance(value, torch.Tensor) else (
+        isinstance(value, complex)
+    )
+    if complex_value and not self.is_complex():
+        raise RuntimeError(
+            "index_fill_(): Converting complex Scalar to non-complex type is not supported"
+        )
+    return _check_gather(values) | check_fill_value(value, self.dtype)
+
+
+@lower("index_fill.int_Scalar", "index_fill.int_Tensor", check=_check_index_fill)
 @_along
 def index_fill(self, index, value):
     return self.at[_wrap_negative(index, self.shape[0])].set(
@@ -458,7 +476,11 @@ def index_fill(self, index, value):
 # ----------------------------------------------------------------------- masks
 
 
-@lower("masked_fill.Scalar", "masked_fill.Tensor")
+@lower(
+    "masked_fill.Scalar",
+    "masked_fill.Tensor",
+    check=lambda values: check_fill_value(values[2], values[0].dtype),
+)
 def masked_fill(self, mask, value):
     return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)
 

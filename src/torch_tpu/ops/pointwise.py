@@ -291,6 +291,26 @@ _NAMES = {
 }
 
 
+def check_fill_value(value, dtype: torch.dtype) -> bool:
+    """CPU's check that a fill value converts to the tensor's dtype (c10's checked_convert:
+    a complex value with an imaginary part into a real dtype, 300 into uint8, NaN into an
+    integer raise there, where XLA wraps or drops silently), judged by CPU itself. Returns
+    whether the verdict depends on the value (the op is checked again at every call):
+    only for value types that can fail for this dtype, so float fills of float tensors
+    (masked_fill(-inf)) keep the fast path; a float beyond a float dtype's range (1e300
+    into float16), which CPU refuses, becomes inf here (docs/differences.md)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
+        return False
+    if dtype == torch.bool:
+        return False
+    complex_into_real = isinstance(value, complex) and not dtype.is_complex
+    integer = not (dtype.is_floating_point or dtype.is_complex)
+    if not (complex_into_real or (integer and (dtype != torch.int64 or isinstance(value, float)))):
+        return False
+    torch.empty((), dtype=dtype).fill_(value)  # raises CPU's error
+    return True
+
+
 def scalar_type_name(dtype: torch.dtype) -> str:
     """PyTorch's C++ name of a dtype (Long, Float, ...), as its error messages spell it."""
     return _NAMES.get(dtype, str(dtype))
