@@ -346,3 +346,18 @@ def test_value_selecting_backward():
     assert_same_grad(lambda t: t.sort(1).values, x)
     assert_same_grad(lambda t: t.topk(2, -1).values, x)
     assert_same_grad(lambda t: t.max(0).values, x)
+
+
+def test_byte_masks_index_as_bool_masks_with_cpus_warning():
+    """x[uint8_mask] is deprecated but valid on CPU (a bool mask, with a warning); tpu
+    raised "tensors used as indices must be long, int, byte or bool" (PyTorch's meta
+    kernel for index.Tensor accepts int8 where it means uint8). Found by PyTorch's
+    test_indexing on tpu."""
+    x = torch.arange(12.0).reshape(3, 4)
+    masks = [torch.tensor([1, 0, 1], dtype=torch.uint8),
+             torch.tensor([[1, 0, 0, 1]] * 3, dtype=torch.uint8)]
+    for mask in masks:
+        expected = x[mask]
+        with pytest.warns(UserWarning, match="uint8 is now deprecated"):
+            actual = x.to("tpu")[mask.to("tpu")]
+        torch.testing.assert_close(actual.cpu(), expected)

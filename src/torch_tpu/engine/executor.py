@@ -382,6 +382,14 @@ def _meta_run(spec: OpSpec, values: list):
     """Run the op on meta tensors: PyTorch's own shapes, dtypes and input checks; also
     `_out_result_dtypes`."""
     meta_values = [_to_meta(v) for v in values]
+    for k, arg in enumerate(spec.schema.args):
+        if arg.name == "indices" and isinstance(meta_values[k], (list, tuple)):
+            # a byte mask is a bool mask to CPU (with a deprecation warning); PyTorch's
+            # meta kernel for index.Tensor refuses uint8 (it lists int8)
+            meta_values[k] = [
+                ix.bool() if isinstance(ix, torch.Tensor) and ix.dtype == torch.uint8 else ix
+                for ix in meta_values[k]
+            ]
     # (before the op: some meta kernels word the cast error otherwise)
     out_dtypes = _out_result_dtypes(spec, meta_values)
     args = [v for a, v in zip(spec.schema.args, meta_values) if not a.kwarg_only]

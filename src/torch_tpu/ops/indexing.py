@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +104,13 @@ def _check_indices(self: torch.Tensor, indices: list) -> None:
             continue
         if ix.dtype not in _INDEX_DTYPES:
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        if ix.dtype == torch.uint8:
+            warnings.warn(  # (CPU's own warning, at each call)
+                "indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                "torch.bool instead.",
+                UserWarning,
+                stacklevel=2,
+            )
         if ix.dtype in (torch.bool, torch.uint8):
             for k, size in enumerate(ix.shape):
                 if dim + k < len(shape) and size != shape[dim + k]:
