@@ -492,7 +492,7 @@ def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:
                     f"result type {scalar_type_name(result.dtype)} can't be cast to the desired "
                     f"output type {scalar_type_name(out.dtype)}"
                 )
-            dtypes_out.append(dtypes.TORCH_TO_JAX[result.dtype])
+            dtypes_out.append(dtypes.TORCH_TO_JAX.get(result.dtype))  # (None: named later)
         else:
             dtypes_out.append(None)
     return tuple(dtypes_out)
