@@ -266,14 +266,16 @@ def run(check, rank: int, world: int) -> None:
             x = values[rank].to("tpu")
             dist.barrier()
             if rank == world - 1:
-                time.sleep(2)  # the others issue theirs while this rank is away
+                time.sleep(4)  # the others issue theirs while this rank is away
             start = time.monotonic()
             work = dist.all_reduce(x, async_op=True)
             issued = time.monotonic() - start
             work.wait()
             _same(x, sum(values))
             if rank != world - 1:
-                assert issued < 1.0, f"all_reduce{list(x.shape)} waited {issued:.2f} s for a peer"
+                # (a wait would be the peer's 4 s; the issue itself, a first compile on
+                # a loaded 2-core machine, took 1.05 s once)
+                assert issued < 2.0, f"all_reduce{list(x.shape)} waited {issued:.2f} s for a peer"
 
     @check("every_program_is_above_xla_cpus_inline_threshold")
     def _():
