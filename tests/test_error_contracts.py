@@ -434,3 +434,28 @@ def test_fill_values_that_do_not_fit_raise(eager_mode, case):
 ], ids=["uint8_minus_one", "masked_fill_inf", "long_one_and_a_half", "bool", "complex"])
 def test_fill_values_cpu_accepts(eager_mode, case):
     assert_same_outcome(case)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.var(torch.arange(1, 7, device=d)),
+    lambda d: torch.std(torch.arange(1, 7, device=d), 0),
+    lambda d: torch.all(torch.ones(2, 2, device=d), 1, out=torch.empty(2, device=d)),
+    lambda d: torch.any(torch.ones(2, 2, device=d), out=torch.empty((), device=d)),
+    lambda d: torch.bincount(_t([1, -1], torch.long, d)),
+    lambda d: _t([True, False], torch.bool, d).argmin(),
+    lambda d: _t([True, False], torch.bool, d).argmax(0),
+    lambda d: torch.zeros(0, 3, device=d).max(0),
+    lambda d: torch.zeros(0, 3, device=d).min(-2),
+    lambda d: torch.zeros([1] * 65, device=d).nansum(0),
+], ids=["var_int", "std_int", "all_out_float", "any_all_out_float", "bincount_negative",
+        "argmin_bool", "argmax_bool", "max_empty_dim", "min_empty_dim", "nansum_65_dims"])
+def test_reductions_cpu_refuses_raise(eager_mode, case):
+    """CPU refuses these; tpu returned results (var of ints truncated to an int, a float
+    all(), counts for negative values) or a lowering's ValueError. Found by PyTorch's
+    test_reductions on tpu."""
+    assert_same_error(case)
+
+
+def test_uint8_all_into_uint8_out_as_on_cpu(eager_mode):
+    assert_same_outcome(lambda d: torch.all(torch.ones(2, 2, dtype=torch.uint8, device=d), 1,
+                                            out=torch.empty(2, dtype=torch.uint8, device=d)))

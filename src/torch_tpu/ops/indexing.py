@@ -664,7 +664,14 @@ def _bincount(self, weights, length: int):
     return jnp.zeros((length,), dtype).at[self].add(weights.astype(dtype))
 
 
-@lower("bincount.default", dynamic_shape=True)
+def _check_bincount(values: list) -> bool:
+    self = values[0]
+    if self.numel() and int(self.min()) < 0:  # (one more host read: bincount reads the max)
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    return True
+
+
+@lower("bincount.default", dynamic_shape=True, check=_check_bincount)
 def bincount(self, weights=None, minlength=0):
     return _bincount(self, weights, max(int(self.max()) + 1 if self.size else 0, minlength))
 
