@@ -402,3 +402,20 @@ def test_weight_norm_parametrization_trains_on_tpu(dim):
     assert torch_tpu.metrics.snapshot()["fallback_ops"] == {}
     for (name, p), (_, q) in zip(conv.named_parameters(), tpu_conv.named_parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("batch", [0, 3])
+def test_group_norm_of_an_empty_batch(batch):
+    """GroupNorm of a (0, C, H, W) batch is empty on CPU, with empty gradients; tpu raised
+    a ZeroDivisionError from the lowering's reshape(N, group, -1). Found by PyTorch's
+    test_nn on tpu."""
+    torch.manual_seed(0)
+    cpu = torch.nn.GroupNorm(2, 4)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(batch, 4, 2, 3)
+    for model, inp in ((cpu, x.clone().requires_grad_()), (tpu, x.to("tpu").requires_grad_())):
+        model(inp).sum().backward()
+        model.inp = inp
+    torch.testing.assert_close(tpu.inp.grad.cpu(), cpu.inp.grad)
+    torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad)
+    torch.testing.assert_close(tpu(x.to("tpu")).detach().cpu(), cpu(x).detach())

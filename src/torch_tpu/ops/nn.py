@@ -418,7 +418,8 @@ def batch_norm_backward(
 
 @lower("native_group_norm.default")
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
-    x = _up(input).reshape(N, group, -1)
+    # (sizes spelt out: an empty batch has no -1 to infer, and CPU returns it empty)
+    x = _up(input).reshape(N, group, C // group * HxW)
     mean = jnp.mean(x, -1)
     rstd = _inv_sqrt(jnp.mean(jnp.square(x - mean[..., None]), -1) + eps)
     xhat = ((x - mean[..., None]) * rstd[..., None]).reshape(input.shape)
@@ -429,7 +430,7 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
 def native_group_norm_backward(
     grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask
 ):
-    x = _up(input).reshape(N, group, -1)
+    x = _up(input).reshape(N, group, C // group * HxW)
     rstd = _up(rstd)[..., None]
     xhat = (x - _up(mean)[..., None]) * rstd
     g = _up(grad_out).reshape(N, C, HxW)
