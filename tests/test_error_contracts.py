@@ -459,3 +459,16 @@ def test_reductions_cpu_refuses_raise(eager_mode, case):
 def test_uint8_all_into_uint8_out_as_on_cpu(eager_mode):
     assert_same_outcome(lambda d: torch.all(torch.ones(2, 2, dtype=torch.uint8, device=d), 1,
                                             out=torch.empty(2, dtype=torch.uint8, device=d)))
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.nn.functional.nll_loss(torch.randn(10, 4, device=d),
+                                           torch.zeros(10, 2, dtype=torch.long, device=d)),
+    lambda d: torch.nn.functional.nll_loss(torch.randn(10, 4, device=d),
+                                           torch.zeros(10, dtype=torch.long, device=d),
+                                           weight=torch.ones(5, device=d)),
+], ids=["target_2d", "weight_size"])
+def test_nll_loss_argument_errors_are_runtime_errors(eager_mode, case):
+    """PyTorch's nll_loss decomposition raises AssertionError where CPU raises RuntimeError
+    with the same words."""
+    assert_same_error(case)

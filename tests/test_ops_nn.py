@@ -419,3 +419,16 @@ def test_group_norm_of_an_empty_batch(batch):
     torch.testing.assert_close(tpu.inp.grad.cpu(), cpu.inp.grad)
     torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad)
     torch.testing.assert_close(tpu(x.to("tpu")).detach().cpu(), cpu(x).detach())
+
+
+def test_nll_loss_takes_byte_targets_as_cpu_does():
+    """CPU takes uint8 class indices; tpu raised "gather(): Expected dtype int32/int64"
+    from PyTorch's meta decomposition. Found by PyTorch's test_nn on tpu."""
+    torch.manual_seed(0)
+    logits = torch.randn(10, 4)
+    target = torch.randint(0, 4, (10,), dtype=torch.uint8)
+    for reduction in ("mean", "none"):
+        expected = F.nll_loss(logits.log_softmax(-1), target, reduction=reduction)
+        actual = F.nll_loss(logits.to("tpu").log_softmax(-1), target.to("tpu"),
+                            reduction=reduction)
+        torch.testing.assert_close(actual.cpu(), expected)

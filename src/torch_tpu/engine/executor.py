@@ -390,11 +390,21 @@ def _meta_run(spec: OpSpec, values: list):
                 ix.bool() if isinstance(ix, torch.Tensor) and ix.dtype == torch.uint8 else ix
                 for ix in meta_values[k]
             ]
+        elif arg.name == "target" and spec.schema.name.startswith("aten::nll_loss"):
+            value = meta_values[k]
+            if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
+                # CPU takes byte class indices; the meta decomposition's gather does not
+                meta_values[k] = value.long()
     # (before the op: some meta kernels word the cast error otherwise)
     out_dtypes = _out_result_dtypes(spec, meta_values)
     args = [v for a, v in zip(spec.schema.args, meta_values) if not a.kwarg_only]
     kwargs = {a.name: v for a, v in zip(spec.schema.args, meta_values) if a.kwarg_only}
-    result = spec.schema.op(*args, **kwargs)
+    try:
+        result = spec.schema.op(*args, **kwargs)
+    except AssertionError as e:
+        # some of PyTorch's decompositions (nll_loss's) check arguments with AssertionError
+        # where CPU's kernels raise RuntimeError with the same words
+        raise RuntimeError(str(e)) from None
     return meta_values, result, out_dtypes
 
 
