@@ -470,3 +470,25 @@ def test_nll_loss_argument_errors_are_runtime_errors(eager_mode):
         torch.nn.functional.nll_loss(torch.randn(10, 4, device="tpu"),
                                      torch.zeros(10, dtype=torch.long, device="tpu"),
                                      weight=torch.ones(5, device="tpu"))
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.histc(_t([1.0, float("inf")], torch.float32, d), 4),
+    lambda d: torch.histc(_t([1.0, float("-inf")], torch.float32, d), 4),
+    lambda d: torch.histc(_t([1.0, 2.0], torch.float32, d), 4, min=0, max=float("inf")),
+], ids=["inf_data", "minus_inf_data", "inf_bound"])
+def test_histc_of_a_range_that_is_not_finite_raises(eager_mode, case):
+    """CPU refuses; tpu gave a histogram missing the infinite values (all zeros for data
+    holding a NaN). Found by PyTorch's test_reductions on tpu."""
+    assert_same_error(case)
+
+
+def test_histc_over_nan_data_raises_and_finite_histograms_match(eager_mode):
+    with pytest.raises(RuntimeError, match="is not finite"):
+        torch.histc(torch.tensor([1.0, float("nan")], device="tpu"), 4)
+    for data, kwargs in (([0.5, 1.5, 2.5, 2.5], {}), ([1.0, float("nan")], {"min": 0, "max": 3}),
+                         ([], {})):
+        assert_same_outcome(
+            lambda d, data=data, kwargs=kwargs: torch.histc(torch.tensor(data, device=d), 3,
+                                                            **kwargs)
+        )

@@ -676,7 +676,28 @@ def bincount(self, weights=None, minlength=0):
     return _bincount(self, weights, max(int(self.max()) + 1 if self.size else 0, minlength))
 
 
-@lower("histc.default")
+def _check_histc(values: list) -> bool:
+    """CPU's refusal of a range that is not finite; with the automatic range (min == max)
+    that means reading the data's extremes, as CPU does (one host read): a NaN or inf
+    in the data gave an all-zero or partial histogram here."""
+    self, low, high = values[0], values[2], values[3]
+    if low == high and self.numel():
+        low, high = (float(v) for v in torch.aminmax(self.detach()))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise RuntimeError(
+            f"torch.histc: range of [{_as_cpp(low)}, {_as_cpp(high)}] is not finite"
+        )
+    return True
+
+
+def _as_cpp(value: float) -> str:
+    """A float as C++'s stream prints it (1, inf, -nan)."""
+    if math.isnan(value):
+        return "-nan" if math.copysign(1.0, value) < 0 else "nan"
+    return f"{value:g}"
+
+
+@lower("histc.default", check=_check_histc)
 def histc(self, bins=100, min=0, max=0):
     x = self.reshape(-1)
     low = jnp.asarray(min, x.dtype)
