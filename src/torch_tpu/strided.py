@@ -205,8 +205,7 @@ def _indices(view: View):
 
 def read(flat, view: View):
     """The tensor's value: an array of view.shape and view.dtype."""
-    value = _read_stored(flat, view)
-    return _apply_bits(value, view) if view.conj or view.neg else value
+    return _apply_bits(_read_stored(flat, view), view)
 
 
 def _apply_bits(value, view: View):
@@ -330,9 +329,7 @@ def write(flat, view: View, value):
     through the view."""
     if math.prod(view.shape) == 0:
         return flat
-    value = value.astype(view.dtype)
-    if view.conj or view.neg:
-        value = _apply_bits(value, view)
+    value = _apply_bits(value.astype(view.dtype), view)
     return _write_stored(flat, view, jnp.broadcast_to(value, view.shape))
 
 

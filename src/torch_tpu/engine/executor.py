@@ -382,30 +382,39 @@ def _meta_run(spec: OpSpec, values: list):
     """Run the op on meta tensors: PyTorch's own shapes, dtypes and input checks; also
     `_out_result_dtypes`."""
     meta_values = [_to_meta(v) for v in values]
-    for k, arg in enumerate(spec.schema.args):
-        if arg.name == "indices" and isinstance(meta_values[k], (list, tuple)):
-            # a byte mask is a bool mask to CPU (with a deprecation warning); PyTorch's
-            # meta kernel for index.Tensor refuses uint8 (it lists int8)
-            meta_values[k] = [
-                ix.bool() if isinstance(ix, torch.Tensor) and ix.dtype == torch.uint8 else ix
-                for ix in meta_values[k]
-            ]
-        elif arg.name == "target" and spec.schema.name.startswith("aten::nll_loss"):
-            value = meta_values[k]
-            if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
-                # CPU takes byte class indices; the meta decomposition's gather does not
-                meta_values[k] = value.long()
+    _accept_byte_indices(spec, meta_values)
     # (before the op: some meta kernels word the cast error otherwise)
     out_dtypes = _out_result_dtypes(spec, meta_values)
-    args = [v for a, v in zip(spec.schema.args, meta_values) if not a.kwarg_only]
-    kwargs = {a.name: v for a, v in zip(spec.schema.args, meta_values) if a.kwarg_only}
     try:
-        result = spec.schema.op(*args, **kwargs)
+        result = _call_op(spec.schema.op, meta_values)
     except AssertionError as e:
         # some of PyTorch's decompositions (nll_loss's) check arguments with AssertionError
         # where CPU's kernels raise RuntimeError with the same words
         raise RuntimeError(str(e)) from None
     return meta_values, result, out_dtypes
+
+
+def _call_op(op: torch._ops.OpOverload, values: list):
+    """op called with its arguments' values in schema order (kwarg-only ones by name)."""
+    schema = op._schema.arguments
+    args = [v for a, v in zip(schema, values) if not a.kwarg_only]
+    return op(*args, **{a.name: v for a, v in zip(schema, values) if a.kwarg_only})
+
+
+def _accept_byte_indices(spec: OpSpec, meta_values: list) -> None:
+    """uint8 indices where CPU takes them but PyTorch's meta kernels do not: a byte mask
+    is a bool mask to CPU (with a deprecation warning; index.Tensor's meta kernel lists
+    int8), and nll_loss takes byte class indices (its meta decomposition's gather not)."""
+    for k, arg in enumerate(spec.schema.args):
+        value = meta_values[k]
+        if arg.name == "indices" and isinstance(value, (list, tuple)):
+            meta_values[k] = [
+                ix.bool() if isinstance(ix, torch.Tensor) and ix.dtype == torch.uint8 else ix
+                for ix in value
+            ]
+        elif arg.name == "target" and spec.schema.name.startswith("aten::nll_loss"):
+            if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
+                meta_values[k] = value.long()
 
 
 ABSENT = "absent"  # an output the op does not produce (a masked-out gradient)
@@ -484,12 +493,8 @@ def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:
     functional = getattr(getattr(torch.ops.aten, packet), overload)
     if functional is spec.schema.op:
         return None
-    values = [meta_values[i] for i in spec.lowering_args]
-    schema = functional._schema.arguments
-    args = [v for a, v in zip(schema, values) if not a.kwarg_only]
-    kwargs = {a.name: v for a, v in zip(schema, values) if a.kwarg_only}  # add's alpha
-    try:
-        results = functional(*args, **kwargs)
+    try:  # (by name where the functional takes them so: add's alpha)
+        results = _call_op(functional, [meta_values[i] for i in spec.lowering_args])
     except Exception:  # the out= variant's own meta kernel has already judged the call
         return None
     results = results if isinstance(results, tuple) else (results,)

@@ -145,10 +145,15 @@ def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_f
     size = tuple(size)
     strides = None
     if memory_format is not None and memory_format != torch.contiguous_format:
-        # channels_last and the like: PyTorch's strides (and its errors) from a meta tensor;
-        # dropping them laid resize_as_'s values out in another order than on CPU
-        strides = torch.empty(size, memory_format=memory_format, device="meta").stride()
+        # (dropping channels_last laid resize_as_'s values out in another order than CPU)
+        strides = _format_strides(size, memory_format)
     return new_tensor(size, dtype or torch.get_default_dtype(), None, strides)
+
+
+def _format_strides(size: tuple, memory_format) -> tuple:
+    """PyTorch's strides for a memory format (channels_last...), and its own checks
+    (negative sizes, a format of another rank), from a meta tensor."""
+    return torch.empty(size, memory_format=memory_format, device="meta").stride()
 
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
@@ -158,10 +163,7 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 
 def _resize(self, size, memory_format=None):
     size = tuple(size)
-    # PyTorch's strides for the requested format (channels_last...); meta tensors give
-    # them, and its own checks (negative sizes, a format of another rank)
-    layout = memory_format or torch.contiguous_format
-    strides = torch.empty(size, memory_format=layout, device="meta").stride()
+    strides = _format_strides(size, memory_format or torch.contiguous_format)
     if tuple(self.shape) != size or tuple(self.stride()) != strides:
         old = self.detach().clone() if self.numel() else None
         replace_storage(self, size, strides)
