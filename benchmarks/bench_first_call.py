@@ -5,7 +5,8 @@ cache (a temporary TORCH_TPU_CACHE_DIR), in strict mode:
 
 1. ~30 common ops, each called at shapes it has not seen: the wall time of each
    such call (median, p90), split into phases — PyTorch's meta kernel
-   (`executor._meta_run`), JAX tracing, lowering to StableHLO, the cache key
+   (`executor._meta_run`), the check of CPU's dtype refusals (`refusals.check`),
+   JAX tracing, lowering to StableHLO, the cache key
    (program text + hash), the XLA compile, the disk write, and the rest
    (dispatch, layout, the key lookups). Timings are wall clock; CPU seconds of
    the process are shown beside them, since on a shared machine wall time
@@ -34,7 +35,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-PHASES = ("meta", "trace", "lower", "key", "xla compile", "disk write", "disk read")
+PHASES = ("meta", "cpu refusals", "trace", "lower", "key", "xla compile", "disk write", "disk read")
 
 
 # ------------------------------------------------------------------ child side
@@ -49,9 +50,10 @@ class PhaseClock:
 
     def install(self) -> None:
         from torch_tpu import cache
-        from torch_tpu.engine import executor
+        from torch_tpu.engine import executor, refusals
 
         self._wrap(executor, "_meta_run", "meta")
+        self._wrap(refusals, "check", "cpu refusals")
         for attr, phase in (
             ("_trace", "trace"),
             ("_lower", "lower"),

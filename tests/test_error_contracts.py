@@ -492,3 +492,73 @@ def test_histc_over_nan_data_raises_and_finite_histograms_match(eager_mode):
             lambda d, data=data, kwargs=kwargs: torch.histc(torch.tensor(data, device=d), 3,
                                                             **kwargs)
         )
+
+
+# ------------------------------------------------------ dtypes CPU's kernels refuse
+
+
+def _complex(d):
+    return torch.tensor([1 + 2j, 3 - 1j, 0.5j], device=d)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: _complex(d).max(),
+    lambda d: _complex(d).amax(),
+    lambda d: _complex(d).sort(),
+    lambda d: _complex(d).median(),
+    lambda d: _complex(d).cummax(0),
+    lambda d: _complex(d).kthvalue(1),
+    lambda d: _complex(d).clamp(0, 1),
+    lambda d: torch.maximum(_complex(d), _complex(d)),
+    lambda d: torch.nansum(_complex(d)),
+    lambda d: torch.tensor([True, False], device=d).abs(),
+    lambda d: torch.arange(4, device=d).frac(),
+    lambda d: torch.arange(4, device=d).logcumsumexp(0),
+    lambda d: torch.nn.functional.hardshrink(torch.arange(4, device=d)),  # decomposed
+    lambda d: torch.ones(4, dtype=torch.bool, device=d).cumsum(0, dtype=torch.bool),
+    lambda d: _complex(d).clamp_(0, 1),  # in place
+])  # fmt: skip
+def test_dtypes_cpu_refuses_raise(eager_mode, case):
+    """CPU's kernels refuse these dtypes (complex order, bool abs, int frac...) where
+    PyTorch's meta kernels and XLA accept them: tpu returned results CPU never gives."""
+    assert_same_error(case)
+
+
+def test_half_kernels_cpu_lacks_are_computed(eager_mode):
+    """CPU has no half-float cdist or avg_pool3d (CUDA has): tpu computes them, as
+    float32 would, rather than refuse a CUDA program's half precision."""
+    x = torch.randn(2, 3, 4, 4, 4)
+    a, b = torch.randn(5, 3), torch.randn(4, 3)
+    for dtype in (torch.float16, torch.bfloat16):
+        pooled = torch.nn.functional.avg_pool3d(x.to("tpu", dtype), 2)
+        expected = torch.nn.functional.avg_pool3d(x.to(dtype).float(), 2)
+        torch.testing.assert_close(pooled.cpu().float(), expected, atol=1e-2, rtol=1e-2)
+        distances = torch.cdist(a.to("tpu", dtype), b.to("tpu", dtype))
+        expected = torch.cdist(a.to(dtype).float(), b.to(dtype).float())
+        torch.testing.assert_close(distances.cpu().float(), expected, atol=5e-2, rtol=2e-2)
+
+
+def test_refusal_checks_leave_cpu_random_numbers_alone():
+    """The check runs the op once on CPU: the CPU generator must not move."""
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    ints = torch.arange(6, device="tpu").reshape(2, 3) * 7  # new keys holding int64
+    torch.testing.assert_close((ints % 5).cpu(), (torch.arange(6).reshape(2, 3) * 7) % 5)
+    torch.testing.assert_close(torch.rand(4), expected)
+
+
+@pytest.mark.parametrize("value", [7.0, torch.tensor(7.0), torch.tensor([7.0])])
+def test_one_value_through_a_byte_mask_raises(eager_mode, value):
+    """CPU writes one value through a lone mask with masked_fill_, which refuses uint8
+    masks; tpu wrote it."""
+
+    def assign(d):
+        x = torch.zeros(2, 3, device=d)
+        mask = torch.tensor([1, 0, 1], dtype=torch.uint8, device=d)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the uint8-index deprecation)
+            x[:, mask] = value.to(d) if isinstance(value, torch.Tensor) else value
+        return x
+
+    assert_same_error(assign)

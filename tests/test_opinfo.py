@@ -1,6 +1,8 @@
 """PyTorch's own OpInfo samples, run on tpu and compared with CPU.
 
-CI runs a fixed subset (CI_ENTRIES, chosen to touch every op family): float32
+CI runs the refusals of every entry (samples CPU rejects in dtypes it does not
+support must be rejected on tpu too) and a fixed subset (CI_ENTRIES, chosen to
+touch every op family): float32
 gradients in every eager mode, float32 forward in strict and debug mode,
 bfloat16 and int64 forward (where supported) in strict mode; `-m slow` adds
 the other modes. The full sweep of all 700 entries is `python -m torch_tpu
@@ -95,6 +97,20 @@ def _cells():
 def test_opinfo_subset(op, cell, eager_mode):
     with torch.tpu.set_eager_mode(eager_mode):
         _check_cell(op, cell, eager_mode)
+
+
+@pytest.mark.parametrize("op", opinfo.op_db(), ids=opinfo.entry_name)
+def test_cpu_refusals(op):
+    """Every entry (cheap: only samples CPU rejects run on tpu): in the dtypes CPU's
+    kernels refuse, tpu refuses too (engine/refusals.py)."""
+    key = f"{opinfo.entry_name(op)}|refusals"
+    outcome = opinfo.refusals(op, limit=opinfo.SAMPLES_PER_CELL)
+    if key in KNOWN_FAILURES:
+        assert outcome.status == "failed", (
+            f"{key} now passes: remove it from tests/opinfo_known_failures.json"
+        )
+    else:
+        assert outcome.status in ("passed", "skipped"), f"{key}: {outcome.message}"
 
 
 def _check_cell(op, cell: str, eager_mode: str) -> None:

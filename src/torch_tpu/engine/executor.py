@@ -23,7 +23,7 @@ from .. import cache, dtypes, metrics, precision, rng, strided
 from ..ops.pointwise import convert, scalar_type_name
 from ..ops.registry import Lowering
 from ..tensor import Fresh, new_tensor, replace_storage, storage_of, view_of
-from . import debug, donation, fastpath, fuse, modes
+from . import debug, donation, fastpath, fuse, modes, refusals
 from .schema import Kind, OpSchema
 
 DEVICE_TYPE = "tpu"
@@ -395,10 +395,16 @@ def _meta_run(spec: OpSpec, values: list):
 
 
 def _call_op(op: torch._ops.OpOverload, values: list):
-    """op called with its arguments' values in schema order (kwarg-only ones by name)."""
+    """op called with its arguments' values in schema order."""
+    args, kwargs = _split_args(op, values)
+    return op(*args, **kwargs)
+
+
+def _split_args(op: torch._ops.OpOverload, values: list) -> tuple[list, dict]:
+    """Values in schema order as positional arguments and kwarg-only ones by name."""
     schema = op._schema.arguments
     args = [v for a, v in zip(schema, values) if not a.kwarg_only]
-    return op(*args, **{a.name: v for a, v in zip(schema, values) if a.kwarg_only})
+    return args, {a.name: v for a, v in zip(schema, values) if a.kwarg_only}
 
 
 def _accept_byte_indices(spec: OpSpec, meta_values: list) -> None:
@@ -444,6 +450,7 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         meta_values, result, out_dtypes = _meta_run(spec, values)
     except NotImplementedError:
         meta_values, result, out_dtypes = None, None, None
+    refusals.check(spec.schema.op, *_split_args(spec.schema.op, values), result)
     n_returns = len(spec.schema.return_aliases)
     results = result if isinstance(result, tuple) else (result,)
     if n_returns == 0:
@@ -681,6 +688,7 @@ def _run_unjitted(spec: OpSpec, values: list, layout: tuple, inputs: _Inputs):
         _meta_run(spec, values)  # (its checks)
     except (NotImplementedError, DataDependentOutputException):
         pass
+    refusals.check(spec.schema.op, *_split_args(spec.schema.op, values))
     metrics.count("host_syncs")
     metrics.count(f"host sync: {spec.schema.name}")
     arrays = tuple(s.array(spec.schema.name) for s in inputs.storages)

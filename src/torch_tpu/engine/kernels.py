@@ -17,7 +17,7 @@ import torch
 from .. import dtypes
 from ..ops.registry import LOWERINGS, Lowering
 from ..tensor import new_tensor, replace_storage, storage_of
-from . import executor, fallback
+from . import executor, fallback, refusals
 from .schema import parse
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -315,6 +315,7 @@ def _register_decompositions() -> None:
                 active = _in_decomposition.ops = set()
             if _name in active:  # the decomposition calls the op itself
                 return fallback.run_on_cpu(_op, args, kwargs)
+            refusals.check_decomposed(_op, args, kwargs)
             active.add(_name)
             try:
                 return _decomposition(*args, **kwargs)

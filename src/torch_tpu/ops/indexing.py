@@ -145,6 +145,7 @@ def _check_index_put(values: list) -> bool:
     self, indices, source = values[0], values[1], values[2]
     _check_indices(self, indices)
     if source.numel() == 1:
+        _check_single_byte_mask(indices, accumulate=len(values) > 3 and bool(values[3]))
         _check_same_dtype(self, source)
         return True
     shapes = []  # per index, the shape of the integer index it amounts to
@@ -159,6 +160,16 @@ def _check_index_put(values: list) -> bool:
     _check_broadcast(tuple(source.shape), _indexed_meta_shape(tuple(self.shape), tuple(shapes)))
     _check_same_dtype(self, source)  # (after the shapes, as CPU: its message comes first)
     return True
+
+
+def _check_single_byte_mask(indices: list, accumulate: bool) -> None:
+    """CPU writes one value through a lone mask with masked_fill_, which refuses byte
+    masks (`x[m] = 7.0` with a uint8 m raises there; tpu wrote it)."""
+    given = [ix for ix in indices if ix is not None]
+    if not accumulate and len(given) == 1 and given[0].dtype == torch.uint8:
+        raise RuntimeError(
+            "masked_fill_ only supports boolean masks, but got mask with dtype unsigned char"
+        )
 
 
 def _check_same_dtype(self, source) -> None:

@@ -17,6 +17,8 @@ from .. import metrics
 # number, so the known-failures list means the same thing to both.
 SAMPLES_PER_CELL = 6
 FORWARD_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool)
+# Dtypes whose refusal by CPU tpu must match (`refusals`)
+REFUSED_DTYPES = (torch.bool, torch.uint8, torch.int32, torch.int64, torch.complex64)
 # Ops whose values are random or uninitialised: only shape and dtype can be compared.
 _UNCOMPARABLE = (
     "rand",
@@ -129,8 +131,10 @@ def run(op, dtype: torch.dtype, grad: bool = False, limit: int | None = None) ->
                 expected = op(sample.input, *sample.args, **sample.kwargs)
                 process = sample.output_process_fn_grad
                 cpu_grads = _grads(process(expected), _grad_inputs(sample)) if grad else None
-            except Exception:
-                outcome.skipped_samples += 1  # CPU itself rejects this sample
+            except Exception as e:  # CPU itself rejects this sample: so must tpu
+                outcome.skipped_samples += 1
+                if not grad and not _tpu_refuses(op, sample, dtype, e, outcome):
+                    break
                 continue
             if grad and not cpu_grads:
                 outcome.skipped_samples += 1
@@ -161,6 +165,49 @@ def run(op, dtype: torch.dtype, grad: bool = False, limit: int | None = None) ->
     if outcome.status == "passed" and outcome.samples == 0:
         outcome.status, outcome.message = "skipped", "every sample raised on CPU"
     return outcome
+
+
+def refusals(op, limit: int | None = None) -> Outcome:
+    """The dtypes CPU refuses (REFUSED_DTYPES outside the entry's CPU dtypes): every
+    sample CPU rejects, tpu must reject too."""
+    outcome = Outcome("passed")
+    supported = op.supported_dtypes("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for dtype in (d for d in REFUSED_DTYPES if d not in supported):
+            try:
+                samples = list(_samples(op, dtype, False, limit))
+            except Exception:
+                continue  # no samples of this dtype: nothing to refuse
+            for sample in samples:
+                try:
+                    op(sample.input, *sample.args, **sample.kwargs)
+                except Exception as e:
+                    if not _tpu_refuses(op, sample, dtype, e, outcome):
+                        return outcome
+    if outcome.samples == 0:
+        outcome.status, outcome.message = "skipped", "CPU refuses no sample"
+    return outcome
+
+
+def _tpu_refuses(op, sample, dtype: torch.dtype, cpu_error: Exception, outcome) -> bool:
+    """Run a sample CPU rejected on tpu; False (and the outcome failed) if tpu returns
+    a result. Half-float kernels CPU lacks are not refusals (tpu computes what CUDA
+    does: engine/refusals.py)."""
+    if dtype in (torch.float16, torch.bfloat16) and isinstance(cpu_error, NotImplementedError):
+        return True
+    outcome.samples += 1
+    moved = _map((sample.input, sample.args, sample.kwargs), _to_tpu)
+    try:
+        _to_cpu(op(moved[0], *moved[1], **moved[2]))
+    except Exception:
+        return True
+    outcome.status = "failed"
+    outcome.message = (
+        f"{dtype}: CPU raised {type(cpu_error).__name__}: {_first_line(cpu_error)}; "
+        "tpu returned a result"
+    )
+    return False
 
 
 def _grad_inputs_of(moved) -> list[torch.Tensor]:

@@ -16,7 +16,8 @@ from . import opinfo
 
 
 def sweep(names: list[str] | None, limit: int, log=print) -> dict:
-    """Forward in every listed dtype the CPU supports, and float32 gradients."""
+    """Forward in every listed dtype the CPU supports, float32 gradients, and the
+    dtypes CPU refuses (tpu must refuse them too)."""
     results: dict[str, dict] = {}
     start = time.perf_counter()
     entries = [op for op in opinfo.op_db() if names is None or opinfo.entry_name(op) in names]
@@ -30,6 +31,9 @@ def sweep(names: list[str] | None, limit: int, log=print) -> dict:
                 row[str(dtype).removeprefix("torch.")] = _as_dict(outcome)
         if op.supports_autograd and torch.float32 in supported:
             row["grad_float32"] = _as_dict(opinfo.run(op, torch.float32, grad=True, limit=limit))
+        refusals = opinfo.refusals(op, limit=limit)
+        if refusals.status != "skipped":
+            row["refusals"] = _as_dict(refusals)
         results[name] = row
         statuses = " ".join(f"{k}={v['status']}" for k, v in row.items())
         log(f"[{n + 1}/{len(entries)} {time.perf_counter() - start:.0f}s] {name}: {statuses}")
@@ -90,7 +94,7 @@ def write(results: dict, native_ops: dict, seconds: float, directory: Path) -> N
         f"- sweep time: {seconds:.0f} s",
         "",
     ]
-    columns = ["float32", "bfloat16", "float16", "int64", "bool", "grad_float32"]
+    columns = ["float32", "bfloat16", "float16", "int64", "bool", "grad_float32", "refusals"]
     lines.append("| entry | " + " | ".join(columns) + " | first failure |")
     lines.append("|---|" + "---|" * (len(columns) + 1))
     for name in sorted(results):

@@ -1,0 +1,124 @@
+"""CPU's dtype refusals, which PyTorch's meta kernels do not know.
+
+A CPU kernel is written for a list of dtypes and refuses the rest (`"abs_cpu" not
+implemented for 'Bool'`, `Sort does not support complex dtypes`, `clamp is not
+supported for complex types`). The meta kernels that give tpu its shapes and
+input checks accept every dtype, and XLA computes most of them, so tpu returned
+results where CPU raises: a complex max, sort or clamp in an order CPU does not
+define, the abs of a bool, the frac of an int. A program that runs on tpu and
+then fails on CPU or CUDA is not a port, so tpu refuses them too.
+
+On the first call of a new executable key holding a bool, integer or complex
+tensor (for ops run by a PyTorch decomposition: of a new call signature), the op
+runs once on CPU with stand-ins: zeros of the same dtypes, of the same shapes
+where the call is small (`_SMALL` elements in and out), otherwise of one element
+per dimension. Half floats become float32: CPU lacks half kernels CUDA has (avg_pool3d's,
+the special functions'), and tpu computes those. If CPU refuses the stand-ins'
+dtypes, tpu raises CPU's own error. Any other error from the stand-ins (their
+sizes or values, not their dtypes) is not CPU's verdict on the real call and is
+ignored; so a large call whose shrunk stand-ins CPU rejects for their sizes (a
+convolution's kernel larger than one element) is not checked.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+
+from .fallback import DEVICE_TYPE
+
+_HALF = (torch.float16, torch.bfloat16)
+# words of CPU's dtype refusals raised as RuntimeError (NotImplementedError is the
+# dispatch lists' own: "... not implemented for 'Bool'")
+_DTYPE_WORDS = re.compile(
+    r"[Cc]omplex|[Bb]ool|[Ii]nteger|floating point|dtype|'(Long|Int|Short|Char|Byte)'"
+)
+_SMALL = 1 << 18  # elements, inputs and outputs together: stand-ins of the real shapes
+_ACCEPTED: set = set()  # call signatures of decomposed ops CPU accepted
+_ACCEPTED_LIMIT = 4096
+
+
+def check(op: torch._ops.OpOverload, args: list, kwargs: dict, meta_result=None) -> None:
+    """Raise CPU's error if CPU's kernel refuses these dtypes; meta_result, the op's
+    result on meta tensors where known, tells how large the call is."""
+    if op.namespace != "aten" or not _has_refusable_dtype((args, kwargs)):
+        return
+    small = _numel((args, kwargs)) + _numel(meta_result) <= _SMALL
+    stand_in_args = _stand_in(args, small)
+    stand_in_kwargs = {k: _stand_in(v, small) for k, v in kwargs.items()}
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+        warnings.simplefilter("ignore")
+        try:
+            op(*stand_in_args, **stand_in_kwargs)
+        except Exception as e:  # (the stand-ins' sizes and values raise all kinds)
+            if _is_refusal(e):
+                raise type(e)(str(e)) from None
+
+
+def check_decomposed(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
+    """`check` for an op a decomposition runs: no executable key holds the verdict,
+    so it is kept per call signature (only while CPU accepts: a refusal raises)."""
+    if not _has_refusable_dtype((args, kwargs)):
+        return
+    key = (op, _signature(args), _signature(kwargs))
+    if key in _ACCEPTED:
+        return
+    check(op, list(args), kwargs)
+    if len(_ACCEPTED) >= _ACCEPTED_LIMIT:
+        _ACCEPTED.clear()
+    _ACCEPTED.add(key)
+
+
+def _signature(value):
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, tuple(value.shape))
+    if isinstance(value, (list, tuple)):
+        return tuple(_signature(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _signature(v)) for k, v in value.items())
+    return value if isinstance(value, (int, float, bool, str, type(None))) else repr(value)
+
+
+def _has_refusable_dtype(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return not value.dtype.is_floating_point
+    if isinstance(value, (list, tuple)):
+        return any(_has_refusable_dtype(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_refusable_dtype(v) for v in value.values())
+    return False
+
+
+def _numel(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel()
+    if isinstance(value, (list, tuple)):
+        return sum(_numel(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_numel(v) for v in value.values())
+    return 0
+
+
+def _stand_in(value, real_shape: bool):
+    if isinstance(value, torch.Tensor):
+        dtype = torch.float32 if value.dtype in _HALF else value.dtype
+        shape = value.shape if real_shape else [min(size, 1) for size in value.shape]
+        return torch.zeros(shape, dtype=dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_stand_in(v, real_shape) for v in value)
+    if isinstance(value, torch.device) and value.type == DEVICE_TYPE:
+        return torch.device("cpu")
+    if isinstance(value, str) and value.startswith(DEVICE_TYPE):
+        return "cpu"
+    return value
+
+
+def _is_refusal(error: Exception) -> bool:
+    message = str(error)
+    if "Could not run" in message:  # no CPU kernel at all (a CUDA-only op): not a refusal
+        return False
+    if isinstance(error, NotImplementedError):
+        return True
+    return isinstance(error, RuntimeError) and bool(_DTYPE_WORDS.search(message))
