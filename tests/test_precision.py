@@ -28,9 +28,11 @@ def restore_precision():
 
 @pytest.fixture
 def lowered(monkeypatch):
-    """The StableHLO text of every program traced from here on."""
+    """The StableHLO text of every program traced from here on (lookups forgotten
+    first: an earlier test in this process may have run the same op and shapes)."""
     texts: list[str] = []
     real = cache._lower
+    cache.forget_lookups()
 
     def catch(traced):
         out = real(traced)
