@@ -562,3 +562,30 @@ def test_one_value_through_a_byte_mask_raises(eager_mode, value):
         return x
 
     assert_same_error(assign)
+
+
+def _expanded(d):
+    return torch.zeros(1, 3, device=d).expand(4, 3)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.add(torch.ones(4, 3, device=d), 1, out=_expanded(d)),
+    lambda d: torch.cat([torch.ones(2, 3, device=d)] * 2, out=_expanded(d)),
+    lambda d: _expanded(d).add_(1),
+    lambda d: _expanded(d).copy_(torch.ones(4, 3, device=d)),
+    lambda d: torch.mm(torch.ones(4, 2, device=d), torch.ones(2, 3, device=d), out=_expanded(d)),
+])  # fmt: skip
+def test_writing_to_elements_that_share_memory_raises(eager_mode, case):
+    """An out= or in-place target whose elements share memory (expanded): CPU refuses
+    to write it; tpu wrote each shared element once, silently."""
+    assert_same_error(case)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: _expanded(d).fill_(2),
+    lambda d: _expanded(d).zero_(),
+])  # fmt: skip
+def test_writes_cpu_allows_into_shared_elements_still_work(eager_mode, case):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same_outcome(case)

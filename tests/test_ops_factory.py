@@ -137,3 +137,42 @@ def test_memory_formats_keep_cpu_strides_and_storage_order(eager, fmt, shape):
             torch.testing.assert_close(actual.cpu(), expected, msg=name)
     with pytest.raises(RuntimeError, match="rank"):  # PyTorch's own check of the rank
         torch.empty(2, 3, 4, device="tpu", memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("make", [
+    lambda o: torch.arange(0, 4, out=o),
+    lambda o: torch.linspace(0, 3, 4, out=o),
+    lambda o: torch.logspace(0, 3, 4, base=2, out=o),
+])  # fmt: skip
+@pytest.mark.parametrize("view", [False, True])
+def test_factory_out_of_the_right_count_keeps_its_shape(eager_mode, make, view):
+    """CPU resizes arange/linspace/logspace's out= only when the count differs; the meta
+    kernels made it 1-D: a (2, 2) out came back (4,), and a (2, 2) view of a larger
+    tensor was given new storage, its base never written (lost data)."""
+    results = {}
+    for device in ("cpu", "tpu"):
+        base = torch.zeros(2, 3, device=device)
+        out = base.narrow(1, 1, 2) if view else torch.zeros(2, 2, device=device)
+        make(out)
+        results[device] = (tuple(out.shape), out.cpu(), base.cpu())
+    assert results["tpu"][0] == results["cpu"][0] == (2, 2)
+    torch.testing.assert_close(results["tpu"][1], results["cpu"][1])
+    torch.testing.assert_close(results["tpu"][2], results["cpu"][2])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_integer_linspace_is_cpus(eager_mode, dtype):
+    """XLA turned the division by the step count into a product with its reciprocal: an
+    integer linspace truncated to one less (0..999999 in 10**6 steps: half the values)."""
+    for start, end, steps in ((1, 127, 50), (0, 999_999 if dtype != torch.uint8 else 255, 1000)):
+        expected = torch.linspace(start, end, steps, dtype=dtype)
+        actual = torch.linspace(start, end, steps, dtype=dtype, device="tpu")
+        assert torch.equal(actual.cpu(), expected)
+    big = torch.linspace(0, 999_999, 1_000_000, dtype=torch.int64, device="tpu")
+    assert torch.equal(big.cpu(), torch.arange(1_000_000))
+
+
+@pytest.mark.parametrize("shape", [(5, 0), (5, 0, 3, 0, 2), (0, 3)])
+def test_zero_sized_tensors_have_cpus_strides(eager_mode, shape):
+    for make in (torch.empty, torch.zeros):
+        assert make(shape, device="tpu").stride() == make(shape).stride()

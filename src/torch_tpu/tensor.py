@@ -203,7 +203,9 @@ def new_tensor(
     (contiguous tensors) of its shape, or None: unwritten."""
     t = _create_empty(shape, dtype)
     if strides is None:
-        strides = t.stride()  # create_empty_tensor's are contiguous
+        # (not create_empty_tensor's: it gives a 0-sized dim's neighbours stride 0,
+        # CPU gives them the strides of size 1: empty(5, 0).stride() is (1, 1))
+        strides = contiguous_strides(tuple(shape))
         numel = math.prod(shape)
     else:
         numel = storage_span(tuple(shape), tuple(strides), 0)

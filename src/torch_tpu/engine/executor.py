@@ -10,6 +10,7 @@ the host waits only when it reads a value.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field, replace
 
@@ -450,7 +451,9 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         meta_values, result, out_dtypes = _meta_run(spec, values)
     except NotImplementedError:
         meta_values, result, out_dtypes = None, None, None
-    refusals.check(spec.schema.op, *_split_args(spec.schema.op, values), result)
+    targets = [values[t] for t in spec.targets if t is not None]
+    overlapping = tuple(t for t in targets if refusals.has_internal_overlap(t))
+    refusals.check(spec.schema.op, *_split_args(spec.schema.op, values), result, overlapping)
     n_returns = len(spec.schema.return_aliases)
     results = result if isinstance(result, tuple) else (result,)
     if n_returns == 0:
@@ -463,7 +466,8 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
                 fresh_meta.append(_describe(results[k]))
             elif isinstance(values[target], torch.Tensor):
                 want = tuple(meta_values[target].shape)
-                if want != tuple(values[target].shape):
+                out = values[target]
+                if want != tuple(out.shape) and not _keeps_shape(spec, want, out):
                     resize[target] = want
         if resize:
             return _Executable(None, None, (), (), resize)
@@ -485,6 +489,16 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         spec.schema.name,
         _signature(spec, layout),
     )
+
+
+# CPU resizes these ops' out= only when its element count differs, where PyTorch's
+# meta kernels make it 1-D: `arange(4, out=x)` keeps a (2, 2) x's shape (a (2, 2) view
+# given as out was replaced by a new 1-D storage, and x never written)
+_OUT_KEEPS_SHAPE = frozenset({"arange.start_out", "linspace.out", "logspace.out"})
+
+
+def _keeps_shape(spec: OpSpec, want: tuple, out: torch.Tensor) -> bool:
+    return spec.lowering.name in _OUT_KEEPS_SHAPE and math.prod(want) == out.numel()
 
 
 def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:

@@ -6,7 +6,9 @@ supported for complex types`). The meta kernels that give tpu its shapes and
 input checks accept every dtype, and XLA computes most of them, so tpu returned
 results where CPU raises: a complex max, sort or clamp in an order CPU does not
 define, the abs of a bool, the frac of an int. A program that runs on tpu and
-then fails on CPU or CUDA is not a port, so tpu refuses them too.
+then fails on CPU or CUDA is not a port, so tpu refuses them too. The same run
+tells whether CPU refuses to write an out= or in-place target whose elements
+share memory (an expanded tensor: most ops refuse, fill_ and index_put_ do not).
 
 On the first call of a new executable key holding a bool, integer or complex
 tensor (for ops run by a PyTorch decomposition: of a new call signature), the op
@@ -35,19 +37,31 @@ _HALF = (torch.float16, torch.bfloat16)
 _DTYPE_WORDS = re.compile(
     r"[Cc]omplex|[Bb]ool|[Ii]nteger|floating point|dtype|'(Long|Int|Short|Char|Byte)'"
 )
+_OVERLAP_WORDS = "more than one element of the written-to tensor refers to a single memory"
 _SMALL = 1 << 18  # elements, inputs and outputs together: stand-ins of the real shapes
 _ACCEPTED: set = set()  # call signatures of decomposed ops CPU accepted
 _ACCEPTED_LIMIT = 4096
 
 
-def check(op: torch._ops.OpOverload, args: list, kwargs: dict, meta_result=None) -> None:
+def check(
+    op: torch._ops.OpOverload,
+    args: list,
+    kwargs: dict,
+    meta_result=None,
+    overlapping: tuple = (),
+) -> None:
     """Raise CPU's error if CPU's kernel refuses these dtypes; meta_result, the op's
-    result on meta tensors where known, tells how large the call is."""
-    if op.namespace != "aten" or not _has_refusable_dtype((args, kwargs)):
+    result on meta tensors where known, tells how large the call is. overlapping: the
+    tensors the op writes whose elements share memory (an expanded out=): their
+    stand-ins keep that, and CPU's refusal to write them is raised too."""
+    if op.namespace != "aten":
         return
-    small = _numel((args, kwargs)) + _numel(meta_result) <= _SMALL
-    stand_in_args = _stand_in(args, small)
-    stand_in_kwargs = {k: _stand_in(v, small) for k, v in kwargs.items()}
+    if not overlapping and not _has_refusable_dtype((args, kwargs)):
+        return
+    real = bool(overlapping) or _numel((args, kwargs)) + _numel(meta_result) <= _SMALL
+    ids = {id(t) for t in overlapping}
+    stand_in_args = _stand_in(args, real, ids)
+    stand_in_kwargs = {k: _stand_in(v, real, ids) for k, v in kwargs.items()}
     with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         warnings.simplefilter("ignore")
         try:
@@ -55,6 +69,14 @@ def check(op: torch._ops.OpOverload, args: list, kwargs: dict, meta_result=None)
         except Exception as e:  # (the stand-ins' sizes and values raise all kinds)
             if _is_refusal(e):
                 raise type(e)(str(e)) from None
+
+
+def has_internal_overlap(t) -> bool:
+    """Elements sharing memory (a stride 0 over more than one element), which CPU
+    refuses to write for most ops (not for fill_, zero_, index_put_, ...)."""
+    return isinstance(t, torch.Tensor) and any(
+        stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())
+    )
 
 
 def check_decomposed(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
@@ -101,13 +123,16 @@ def _numel(value) -> int:
     return 0
 
 
-def _stand_in(value, real_shape: bool):
+def _stand_in(value, real_shape: bool, overlapping: set = frozenset()):
     if isinstance(value, torch.Tensor):
         dtype = torch.float32 if value.dtype in _HALF else value.dtype
+        if id(value) in overlapping:
+            span = 1 + sum((n - 1) * s for n, s in zip(value.shape, value.stride()))
+            return torch.zeros(span, dtype=dtype).as_strided(value.shape, value.stride())
         shape = value.shape if real_shape else [min(size, 1) for size in value.shape]
         return torch.zeros(shape, dtype=dtype)
     if isinstance(value, (list, tuple)):
-        return type(value)(_stand_in(v, real_shape) for v in value)
+        return type(value)(_stand_in(v, real_shape, overlapping) for v in value)
     if isinstance(value, torch.device) and value.type == DEVICE_TYPE:
         return torch.device("cpu")
     if isinstance(value, str) and value.startswith(DEVICE_TYPE):
@@ -121,4 +146,6 @@ def _is_refusal(error: Exception) -> bool:
         return False
     if isinstance(error, NotImplementedError):
         return True
-    return isinstance(error, RuntimeError) and bool(_DTYPE_WORDS.search(message))
+    if not isinstance(error, RuntimeError):
+        return False
+    return bool(_DTYPE_WORDS.search(message)) or _OVERLAP_WORDS in message

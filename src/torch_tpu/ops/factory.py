@@ -6,6 +6,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .. import dtypes
 from .pointwise import check_fill_value
@@ -53,10 +54,12 @@ def _is_integral(dtype) -> bool:
 def arange(start, end, step=1, out=None):
     """start + i * step, in int64 for integer results (bounds truncated, as PyTorch
     does) and in float64 otherwise, then cast."""
-    n = out.shape[0]
+    n = out.size
     if _is_integral(out.dtype):
-        return int(start) + int(step) * jnp.arange(n, dtype=jnp.int64)
-    return start + step * jnp.arange(n, dtype=jnp.float64)
+        ramp = int(start) + int(step) * jnp.arange(n, dtype=jnp.int64)
+    else:
+        ramp = start + step * jnp.arange(n, dtype=jnp.float64)
+    return ramp.reshape(out.shape)  # (an out= of the right count keeps its shape)
 
 
 def _symmetric_ramp(start, end, steps: int, dtype):
@@ -67,14 +70,16 @@ def _symmetric_ramp(start, end, steps: int, dtype):
     start, end = jnp.asarray(start, dtype), jnp.asarray(end, dtype)
     if steps == 1:
         return jnp.reshape(start, (1,))
-    step = (end - start) / (steps - 1)
+    # a true division, as CPU's: XLA turns a division by a constant into a product
+    # with its reciprocal (linspace(0, 999999, 10**6) of int64 gave i - 1 for half)
+    step = (end - start) / lax.optimization_barrier(jnp.asarray(steps - 1, dtype))
     i = jnp.arange(steps)
     return jnp.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
 
 
 @lower("linspace.out")
 def linspace(start, end, steps, out=None):
-    return _symmetric_ramp(start, end, steps, out.dtype)
+    return _symmetric_ramp(start, end, steps, out.dtype).reshape(out.shape)
 
 
 def _integral_exponents(start, end, steps: int, dtype) -> np.ndarray:
@@ -95,9 +100,10 @@ def logspace(start, end, steps, base=10.0, out=None):
     """Bounds are compile-time constants: the exponents of integer results are
     computed on the host (see _integral_exponents)."""
     if _is_integral(out.dtype):
-        return jnp.asarray(np.power(float(base), _integral_exponents(start, end, steps, out.dtype)))
+        exponents = _integral_exponents(start, end, steps, out.dtype)
+        return jnp.asarray(np.power(float(base), exponents)).reshape(out.shape)
     exponent_dtype = jnp.complex128 if jnp.iscomplexobj(out) else jnp.float64
-    return jnp.power(base, _symmetric_ramp(start, end, steps, exponent_dtype))
+    return jnp.power(base, _symmetric_ramp(start, end, steps, exponent_dtype)).reshape(out.shape)
 
 
 @lower("eye.out")
