@@ -589,3 +589,25 @@ def test_writes_cpu_allows_into_shared_elements_still_work(eager_mode, case):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert_same_outcome(case)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.empty(3, device=d).uniform_(42, -42),
+    lambda d: torch.empty(3, device=d).uniform_(-3.4e38, 3.4e38),
+    lambda d: torch.empty(3, dtype=torch.half, device=d).uniform_(-65504, 65504),
+    lambda d: torch.randperm(257, out=torch.empty(0, dtype=torch.uint8, device=d), device=d),
+    lambda d: torch.randperm(2050, out=torch.empty(0, dtype=torch.half, device=d), device=d),
+    lambda d: torch.polar(torch.ones(2, device=d), torch.ones(2, dtype=torch.float64, device=d)),
+    lambda d: torch.complex(torch.ones(2, dtype=torch.long, device=d),
+                            torch.ones(2, dtype=torch.long, device=d)),
+])  # fmt: skip
+def test_random_and_complex_arguments_cpu_refuses_raise(eager_mode, case):
+    """tpu gave uniform_(42, -42) as all 42, a range wider than the dtype as inf,
+    randperm(257) into uint8 with repeats, a complex128 from float32 and float64 parts."""
+    assert_same_error(case)
+
+
+def test_negative_std_on_the_device_is_checked_in_debug_mode():
+    """Reading a device std costs a sync: debug mode does it (as index values)."""
+    with torch.tpu.set_eager_mode("debug"), pytest.raises(RuntimeError, match="std >= 0.0"):
+        torch.normal(torch.zeros(2, device="tpu"), torch.tensor([1.0, -1.0], device="tpu"))

@@ -176,3 +176,13 @@ def test_integer_linspace_is_cpus(eager_mode, dtype):
 def test_zero_sized_tensors_have_cpus_strides(eager_mode, shape):
     for make in (torch.empty, torch.zeros):
         assert make(shape, device="tpu").stride() == make(shape).stride()
+
+
+@pytest.mark.parametrize("args", [(5,), (6, False), (7, True, 5.0), (1,), (0,), (64, False, 30.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_kaiser_window(eager_mode, args, dtype):
+    """PyTorch's per-device kernel had no tpu entry (an internal assert)."""
+    expected = torch.kaiser_window(*args, dtype=dtype)
+    actual = torch.kaiser_window(*args, dtype=dtype, device="tpu")
+    assert actual.dtype == expected.dtype
+    torch.testing.assert_close(actual.cpu(), expected)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from .. import dtypes
@@ -120,6 +122,38 @@ def _triangle_indices(row, col, offset, lower_triangle):
     keep = np.tri(row, col, offset, dtype=bool)
     rows, cols = np.nonzero(keep if lower_triangle else ~np.tri(row, col, offset - 1, dtype=bool))
     return jnp.asarray(np.stack([rows, cols]))
+
+
+@lower("kaiser_window.beta", static_scalars=True)
+def kaiser_window(
+    window_length, periodic=True, beta=12.0, dtype=None, layout=None, device=None, pin_memory=None
+):
+    """PyTorch's formula (its per-device kernel had no tpu entry: an internal assert),
+    computed in the result's dtype (half floats in float32), as CPU does."""
+    dtype = dtype or torch.get_default_dtype()
+    compute = jnp.float32 if dtype in (torch.float16, torch.bfloat16) else dtypes.to_jax(dtype)
+    if window_length == 1:
+        return jnp.ones((1,), compute)
+    n = window_length + 1 if periodic else window_length
+    alpha = (n - 1) / 2.0
+    ratio = (jnp.arange(n, dtype=compute) - alpha) / lax.optimization_barrier(
+        jnp.asarray(alpha, compute)
+    )
+    beta = jnp.asarray(beta, compute)
+    window = jax.scipy.special.i0(beta * jnp.sqrt(1 - ratio * ratio)) / jax.scipy.special.i0(beta)
+    return window[: window_length] if periodic else window
+
+
+@lower("kaiser_window.default")
+def kaiser_window_default(window_length, dtype=None, layout=None, device=None, pin_memory=None):
+    return kaiser_window(window_length, dtype=dtype)
+
+
+@lower("kaiser_window.periodic")
+def kaiser_window_periodic(
+    window_length, periodic, dtype=None, layout=None, device=None, pin_memory=None
+):
+    return kaiser_window(window_length, periodic, dtype=dtype)
 
 
 @lower("tril_indices.default")

@@ -734,11 +734,28 @@ def angle(self):
     return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, math.pi, 0).astype(x.dtype))
 
 
-@lower("complex.default")
+def _check_complex_parts(values: list) -> bool:
+    """CPU's checks of complex/polar's parts, which the meta kernels miss (tpu made a
+    complex128 of float32 and float64 parts, or failed inside the lowering)."""
+    first, second = values[0].dtype, values[1].dtype
+    if first not in (torch.float16, torch.float32, torch.float64) or second != first:
+        if first in (torch.float16, torch.float32, torch.float64) and second.is_floating_point:
+            raise RuntimeError(
+                f"Expected object of scalar type {scalar_type_name(first)} but got scalar "
+                f"type {scalar_type_name(second)} for second argument"
+            )
+        raise RuntimeError(
+            "Expected both inputs to be Half, Float or Double tensors but got "
+            f"{scalar_type_name(first)} and {scalar_type_name(second)}"
+        )
+    return False  # dtypes are part of the key
+
+
+@lower("complex.default", check=_check_complex_parts)
 def complex_(real, imag):
     return lax.complex(real, imag)
 
 
-@lower("polar.default")
+@lower("polar.default", check=_check_complex_parts)
 def polar(abs, angle):
     return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))

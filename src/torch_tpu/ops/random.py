@@ -26,7 +26,27 @@ def _uniform(key, shape, dtype, low=0.0, high=1.0):
     return jax.random.uniform(key, shape, _float_dtype(dtype), low, high)
 
 
-@lower("uniform_.default", random=True)
+_LIMIT_NAMES = {torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float",
+                torch.float64: "Double"}  # fmt: skip
+
+
+def _check_uniform(values: list) -> bool:
+    """CPU's range checks (tpu filled uniform_(42, -42) with 42, and a range wider than
+    the dtype's largest value with inf)."""
+    dtype, low, high = values[0].dtype, values[1], values[2]
+    if low > high:
+        raise RuntimeError(
+            f"uniform_ expects to return a [from, to) range, but found from={low:g} > to={high:g}"
+        )
+    if dtype.is_floating_point and high - low > torch.finfo(dtype).max:
+        raise RuntimeError(
+            f"uniform_ expects to-from <= std::numeric_limits<{_LIMIT_NAMES[dtype]}>::max(), "
+            f"but found to={high:g} and from={low:g} which result in to-from to exceed the limit"
+        )
+    return True  # the bounds are run-time values: checked at every call
+
+
+@lower("uniform_.default", random=True, check=_check_uniform)
 def uniform_(key, self, low=0.0, high=1.0, generator=None):
     return _uniform(key, self.shape, self.dtype, low, high)
 
@@ -42,7 +62,26 @@ def _normal_like(key, mean, std):
     return jax.random.normal(key, shape, _float_dtype(dtype)) * std + mean
 
 
-@lower("normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor", random=True)
+def _check_std(values: list) -> bool:
+    """CPU's refusal of a negative std in a tensor: read where it is free (a host
+    tensor) or in debug mode, as index values are (docs/differences.md)."""
+    from ..engine import modes
+
+    std = values[1]
+    if isinstance(std, torch.Tensor) and std.numel():
+        if std.is_cpu or modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
+            if bool((std < 0).any()):
+                raise RuntimeError("normal expects all elements of std >= 0.0")
+    return True  # depends on the values
+
+
+@lower(
+    "normal.Tensor_float",
+    "normal.float_Tensor",
+    "normal.Tensor_Tensor",
+    random=True,
+    check=_check_std,
+)
 def normal_tensor(key, mean, std, generator=None):
     return _normal_like(key, mean, std)
 
@@ -218,7 +257,29 @@ def random_to(key, self, high, generator=None):
     return _integers(key, self.shape, self.dtype, 0, high - 1)
 
 
-@lower("randperm.generator_out", random=True)
+_INT_NAMES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t",
+              torch.int32: "int"}  # fmt: skip
+_EXACT_FLOAT_LIMITS = {torch.float16: ("2049", 2049), torch.float32: ("2^24+1", 2**24 + 1),
+                       torch.float64: ("2^53+1", 2**53 + 1)}  # fmt: skip
+
+
+def _check_randperm(values: list) -> bool:
+    """CPU's refusal of an n the out= dtype cannot count to (tpu's randperm(257) into
+    uint8 repeated values). CPU does not check bfloat16."""
+    n, dtype = values[0], values[-1].dtype
+    if dtype in _EXACT_FLOAT_LIMITS:
+        text, limit = _EXACT_FLOAT_LIMITS[dtype]
+        if n > limit:
+            name = _LIMIT_NAMES[dtype]
+            raise RuntimeError(f"n cannot be greater than {text} for {name} type.")
+    elif dtype in _INT_NAMES and n - 1 > torch.iinfo(dtype).max:
+        raise RuntimeError(
+            f"value cannot be converted to type {_INT_NAMES[dtype]} without overflow"
+        )
+    return False  # n and the dtype are part of the key
+
+
+@lower("randperm.generator_out", random=True, check=_check_randperm)
 def randperm(key, n, generator=None, out=None):
     return jax.random.permutation(key, n).astype(out.dtype)
 
