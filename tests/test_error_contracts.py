@@ -600,6 +600,9 @@ def test_writes_cpu_allows_into_shared_elements_still_work(eager_mode, case):
     lambda d: torch.polar(torch.ones(2, device=d), torch.ones(2, dtype=torch.float64, device=d)),
     lambda d: torch.complex(torch.ones(2, dtype=torch.long, device=d),
                             torch.ones(2, dtype=torch.long, device=d)),
+    lambda d: torch.heaviside(torch.ones(2, device=d), torch.ones(2, dtype=torch.half, device=d)),
+    lambda d: torch.heaviside(torch.ones(2, dtype=torch.bool, device=d), torch.ones(2, device=d),
+                              out=torch.empty(2, dtype=torch.bool, device=d)),
 ])  # fmt: skip
 def test_random_and_complex_arguments_cpu_refuses_raise(eager_mode, case):
     """tpu gave uniform_(42, -42) as all 42, a range wider than the dtype as inf,
