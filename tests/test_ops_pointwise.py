@@ -540,3 +540,18 @@ def test_integer_promotion_follows_the_default_dtype(eager):
                     torch.testing.assert_close(actual.cpu(), expected, rtol=3e-16, atol=0)
     finally:
         torch.set_default_dtype(saved)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8])
+def test_gcd_lcm_at_the_dtypes_minimum(eager_mode, dtype):
+    """gcd/lcm with a dtype's minimum (|-128| wraps in int8) never returned on tpu;
+    CPU's answers, wrapping included (gcd(55, INT32_MIN) is -1 there)."""
+    info = torch.iinfo(dtype)
+    torch.manual_seed(0)
+    first = [-1 if info.min else 1, 55, info.min, 12, 0, info.max]
+    a = torch.cat([torch.tensor(first, dtype=dtype),
+                   torch.randint(info.min, info.max, (64,), dtype=dtype)])
+    b = torch.cat([torch.tensor([info.min, info.min, info.min, 18, 0, 3], dtype=dtype),
+                   torch.randint(info.min, info.max, (64,), dtype=dtype)])
+    for fn in (torch.gcd, torch.lcm):
+        assert torch.equal(fn(a.to("tpu"), b.to("tpu")).cpu(), fn(a, b))

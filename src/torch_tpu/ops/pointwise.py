@@ -502,8 +502,32 @@ lower("copysign.Tensor", "copysign.Scalar")(_binary(jnp.copysign, Promo.INT_TO_F
 lower("nextafter.default")(_binary(jnp.nextafter))
 lower("logaddexp.default")(_binary(jnp.logaddexp))
 lower("logaddexp2.default")(_binary(jnp.logaddexp2))
-lower("gcd.default")(_binary(jnp.gcd))
-lower("lcm.default")(_binary(jnp.lcm))
+def _gcd_parts(self, other):
+    """CPU's Euclid, in CPU's integer width (C promotes int8/int16/uint8 to int) with
+    its wrapping abs and truncating remainder. jnp.gcd loops on |x|, which never
+    reached 0 for a dtype's minimum (|-128| in int8): the call never returned."""
+    a, b = _cast(Promo.DEFAULT, self, other)
+    width = jnp.int32 if a.dtype.itemsize < 4 else a.dtype
+    a, b = jnp.broadcast_arrays(jnp.abs(a.astype(width)), jnp.abs(b.astype(width)))
+
+    def step(pair):
+        x, y = pair
+        nonzero = x != 0
+        return jnp.where(nonzero, lax.rem(y, jnp.where(nonzero, x, 1)), 0), jnp.where(nonzero, x, y)
+
+    _, divisor = lax.while_loop(lambda pair: jnp.any(pair[0] != 0), step, (a, b))
+    return a, b, divisor
+
+
+@lower("gcd.default")
+def gcd(self, other):
+    return _gcd_parts(self, other)[2]
+
+
+@lower("lcm.default")
+def lcm(self, other):
+    a, b, divisor = _gcd_parts(self, other)
+    return jnp.where(divisor == 0, 0, jnp.abs(lax.div(a, jnp.where(divisor == 0, 1, divisor)) * b))
 
 
 def _check_heaviside(values: list) -> bool:
