@@ -24,7 +24,7 @@ from .. import cache, dtypes, metrics, precision, rng, strided
 from ..ops.pointwise import convert, scalar_type_name
 from ..ops.registry import Lowering
 from ..tensor import Fresh, new_tensor, replace_storage, storage_of, view_of
-from . import debug, donation, fastpath, fuse, modes, refusals
+from . import arguments, debug, donation, fastpath, fuse, modes, refusals
 from .schema import Kind, OpSchema
 
 DEVICE_TYPE = "tpu"
@@ -367,16 +367,12 @@ def _returns(spec: OpSpec, values: list, fresh: list):
 # ---------------------------------------------------------------- building
 
 
+def _meta_tensor(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
 def _to_meta(value):
-    if isinstance(value, torch.Tensor):
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_meta(v) for v in value)
-    if isinstance(value, torch.device) and value.type == DEVICE_TYPE:
-        return torch.device("meta")
-    if isinstance(value, str) and value.startswith(DEVICE_TYPE):
-        return torch.device("meta")
-    return value
+    return arguments.replace_tensors(value, _meta_tensor, "meta")
 
 
 def _meta_run(spec: OpSpec, values: list):
@@ -702,7 +698,7 @@ def _run_unjitted(spec: OpSpec, values: list, layout: tuple, inputs: _Inputs):
         _meta_run(spec, values)  # (its checks)
     except (NotImplementedError, DataDependentOutputException):
         pass
-    refusals.check(spec.schema.op, *_split_args(spec.schema.op, values))
+    refusals.check_per_signature(spec.schema.op, *_split_args(spec.schema.op, values))
     metrics.count("host_syncs")
     metrics.count(f"host sync: {spec.schema.name}")
     arrays = tuple(s.array(spec.schema.name) for s in inputs.storages)

@@ -315,7 +315,7 @@ def _register_decompositions() -> None:
                 active = _in_decomposition.ops = set()
             if _name in active:  # the decomposition calls the op itself
                 return fallback.run_on_cpu(_op, args, kwargs)
-            refusals.check_decomposed(_op, args, kwargs)
+            refusals.check_per_signature(_op, args, kwargs)
             active.add(_name)
             try:
                 return _decomposition(*args, **kwargs)

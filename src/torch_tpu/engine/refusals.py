@@ -11,7 +11,8 @@ tells whether CPU refuses to write an out= or in-place target whose elements
 share memory (an expanded tensor: most ops refuse, fill_ and index_put_ do not).
 
 On the first call of a new executable key holding a bool, integer or complex
-tensor (for ops run by a PyTorch decomposition: of a new call signature), the op
+tensor (for calls no executable key remembers, ops run by a PyTorch
+decomposition and ops with data-dependent shapes: of a new call signature), the op
 runs once on CPU with stand-ins: zeros of the same dtypes, of the same shapes
 where the call is small (`_SMALL` elements in and out), otherwise of one element
 per dimension. Half floats become float32: CPU lacks half kernels CUDA has (avg_pool3d's,
@@ -29,7 +30,7 @@ import warnings
 
 import torch
 
-from .fallback import DEVICE_TYPE
+from . import arguments
 
 _HALF = (torch.float16, torch.bfloat16)
 # words of CPU's dtype refusals raised as RuntimeError (NotImplementedError is the
@@ -39,7 +40,7 @@ _DTYPE_WORDS = re.compile(
 )
 _OVERLAP_WORDS = "more than one element of the written-to tensor refers to a single memory"
 _SMALL = 1 << 18  # elements, inputs and outputs together: stand-ins of the real shapes
-_ACCEPTED: set = set()  # call signatures of decomposed ops CPU accepted
+_ACCEPTED: set = set()  # call signatures CPU accepted (`check_per_signature`)
 _ACCEPTED_LIMIT = 4096
 
 
@@ -79,9 +80,10 @@ def has_internal_overlap(t) -> bool:
     )
 
 
-def check_decomposed(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
-    """`check` for an op a decomposition runs: no executable key holds the verdict,
-    so it is kept per call signature (only while CPU accepts: a refusal raises)."""
+def check_per_signature(op: torch._ops.OpOverload, args, kwargs: dict) -> None:
+    """`check` for a call no executable key remembers (an op a decomposition runs, one
+    with a data-dependent shape, which runs un-jitted at every call): the verdict is
+    kept per call signature (only while CPU accepts: a refusal raises)."""
     if not _has_refusable_dtype((args, kwargs)):
         return
     key = (op, _signature(args), _signature(kwargs))
@@ -104,40 +106,22 @@ def _signature(value):
 
 
 def _has_refusable_dtype(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return not value.dtype.is_floating_point
-    if isinstance(value, (list, tuple)):
-        return any(_has_refusable_dtype(v) for v in value)
-    if isinstance(value, dict):
-        return any(_has_refusable_dtype(v) for v in value.values())
-    return False
+    return any(not t.dtype.is_floating_point for t in arguments.tensors(value))
 
 
 def _numel(value) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel()
-    if isinstance(value, (list, tuple)):
-        return sum(_numel(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_numel(v) for v in value.values())
-    return 0
+    return sum(t.numel() for t in arguments.tensors(value))
 
 
 def _stand_in(value, real_shape: bool, overlapping: set = frozenset()):
-    if isinstance(value, torch.Tensor):
-        dtype = torch.float32 if value.dtype in _HALF else value.dtype
-        if id(value) in overlapping:
-            span = 1 + sum((n - 1) * s for n, s in zip(value.shape, value.stride()))
-            return torch.zeros(span, dtype=dtype).as_strided(value.shape, value.stride())
-        shape = value.shape if real_shape else [min(size, 1) for size in value.shape]
-        return torch.zeros(shape, dtype=dtype)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_stand_in(v, real_shape, overlapping) for v in value)
-    if isinstance(value, torch.device) and value.type == DEVICE_TYPE:
-        return torch.device("cpu")
-    if isinstance(value, str) and value.startswith(DEVICE_TYPE):
-        return "cpu"
-    return value
+    def zeros(t: torch.Tensor) -> torch.Tensor:
+        dtype = torch.float32 if t.dtype in _HALF else t.dtype
+        if id(t) in overlapping:
+            span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+            return torch.zeros(span, dtype=dtype).as_strided(t.shape, t.stride())
+        return torch.zeros(t.shape if real_shape else [min(n, 1) for n in t.shape], dtype=dtype)
+
+    return arguments.replace_tensors(value, zeros, "cpu")
 
 
 def _is_refusal(error: Exception) -> bool:

@@ -64,6 +64,13 @@ def arange(start, end, step=1, out=None):
     return ramp.reshape(out.shape)  # (an out= of the right count keeps its shape)
 
 
+def _divide_exactly(numerator, divisor, dtype):
+    """numerator / divisor as CPU divides: XLA turns a division by a constant into a
+    product with its reciprocal (linspace(0, 999999, 10**6) of int64 gave i - 1 for
+    half the values); the barrier keeps the divisor opaque."""
+    return numerator / lax.optimization_barrier(jnp.asarray(divisor, dtype))
+
+
 def _symmetric_ramp(start, end, steps: int, dtype):
     """PyTorch's linspace: the first half counts up from start, the second half
     down from end, so both endpoints are exact."""
@@ -72,9 +79,7 @@ def _symmetric_ramp(start, end, steps: int, dtype):
     start, end = jnp.asarray(start, dtype), jnp.asarray(end, dtype)
     if steps == 1:
         return jnp.reshape(start, (1,))
-    # a true division, as CPU's: XLA turns a division by a constant into a product
-    # with its reciprocal (linspace(0, 999999, 10**6) of int64 gave i - 1 for half)
-    step = (end - start) / lax.optimization_barrier(jnp.asarray(steps - 1, dtype))
+    step = _divide_exactly(end - start, steps - 1, dtype)
     i = jnp.arange(steps)
     return jnp.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
 
@@ -136,9 +141,7 @@ def kaiser_window(
         return jnp.ones((1,), compute)
     n = window_length + 1 if periodic else window_length
     alpha = (n - 1) / 2.0
-    ratio = (jnp.arange(n, dtype=compute) - alpha) / lax.optimization_barrier(
-        jnp.asarray(alpha, compute)
-    )
+    ratio = _divide_exactly(jnp.arange(n, dtype=compute) - alpha, alpha, compute)
     beta = jnp.asarray(beta, compute)
     window = jax.scipy.special.i0(beta * jnp.sqrt(1 - ratio * ratio)) / jax.scipy.special.i0(beta)
     return window[: window_length] if periodic else window

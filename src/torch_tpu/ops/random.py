@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from .pointwise import scalar_type_name
 from .registry import lower
 
 
@@ -26,10 +27,6 @@ def _uniform(key, shape, dtype, low=0.0, high=1.0):
     return jax.random.uniform(key, shape, _float_dtype(dtype), low, high)
 
 
-_LIMIT_NAMES = {torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float",
-                torch.float64: "Double"}  # fmt: skip
-
-
 def _check_uniform(values: list) -> bool:
     """CPU's range checks (tpu filled uniform_(42, -42) with 42, and a range wider than
     the dtype's largest value with inf)."""
@@ -40,7 +37,7 @@ def _check_uniform(values: list) -> bool:
         )
     if dtype.is_floating_point and high - low > torch.finfo(dtype).max:
         raise RuntimeError(
-            f"uniform_ expects to-from <= std::numeric_limits<{_LIMIT_NAMES[dtype]}>::max(), "
+            f"uniform_ expects to-from <= std::numeric_limits<{scalar_type_name(dtype)}>::max(), "
             f"but found to={high:g} and from={low:g} which result in to-from to exceed the limit"
         )
     return True  # the bounds are run-time values: checked at every call
@@ -68,10 +65,11 @@ def _check_std(values: list) -> bool:
     from ..engine import modes
 
     std = values[1]
-    if isinstance(std, torch.Tensor) and std.numel():
-        if std.is_cpu or modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
-            if bool((std < 0).any()):
-                raise RuntimeError("normal expects all elements of std >= 0.0")
+    if not isinstance(std, torch.Tensor):
+        return False  # a number: PyTorch's meta kernel checks it
+    readable = std.is_cpu or modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    if std.numel() and readable and bool((std < 0).any()):
+        raise RuntimeError("normal expects all elements of std >= 0.0")
     return True  # depends on the values
 
 
@@ -270,7 +268,7 @@ def _check_randperm(values: list) -> bool:
     if dtype in _EXACT_FLOAT_LIMITS:
         text, limit = _EXACT_FLOAT_LIMITS[dtype]
         if n > limit:
-            name = _LIMIT_NAMES[dtype]
+            name = scalar_type_name(dtype)
             raise RuntimeError(f"n cannot be greater than {text} for {name} type.")
     elif dtype in _INT_NAMES and n - 1 > torch.iinfo(dtype).max:
         raise RuntimeError(
