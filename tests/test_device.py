@@ -215,6 +215,26 @@ def test_mixed_devices_and_shape_errors_are_clean():
     assert (a + torch.tensor(2.0)).cpu().tolist() == [[3.0, 3.0], [3.0, 3.0]]  # cpu scalar ok
 
 
+WRITES_INTO_A_CPU_SCALAR = {
+    "in-place": lambda host, dev: host.add_(dev),
+    "operator": lambda host, dev: host.__imul__(dev),
+    "out=": lambda host, dev: torch.add(dev, dev, out=host),
+    "index_put_": lambda host, dev: host.index_put_((), dev),
+}
+
+
+@pytest.mark.parametrize("case", list(WRITES_INTO_A_CPU_SCALAR))
+def test_a_cpu_scalar_is_never_written_by_a_tpu_op(eager_mode, case):
+    """A CPU 0-dim tensor may be read by a tpu op, as CUDA reads one; written, the
+    result went to its upload and the tensor silently kept its old value."""
+    host = torch.tensor(1.0)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        WRITES_INTO_A_CPU_SCALAR[case](host, torch.tensor(2.0, device="tpu"))
+    assert host.item() == 1.0
+    host.copy_(torch.tensor(3.0, device="tpu"))  # a copy between devices still lands
+    assert host.item() == 3.0
+
+
 _test_lib = torch.library.Library("tpu_test", "DEF")
 _test_lib.define("scale(Tensor x, float factor) -> Tensor")
 _test_lib.impl("scale", lambda x, factor: x * factor, "CPU")

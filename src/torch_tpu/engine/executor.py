@@ -43,6 +43,9 @@ class OpSpec:
     # PyTorch hands this op conjugate / negative views as they are (mm, copy_, clone...;
     # for every other op it resolves them first): its signature must tell them apart
     sees_bits: bool = False
+    # schema args the op writes (out=, self of an in-place op): a host tensor there
+    # cannot be uploaded, since the result would land in the upload, not in it
+    written_args: frozenset = frozenset()
 
 
 def make_spec(schema: OpSchema, lowering: Lowering, lowering_args=None, targets=None) -> OpSpec:
@@ -57,7 +60,12 @@ def make_spec(schema: OpSchema, lowering: Lowering, lowering_args=None, targets=
         torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
         for key in ("Conjugate", "Negative")
     )
-    return OpSpec(schema, lowering, tuple(lowering_args), tuple(targets), kinds, sees_bits)
+    written_args = frozenset(t for t in targets if t is not None) | {
+        index for index, arg in enumerate(schema.args) if arg.written
+    }
+    return OpSpec(
+        schema, lowering, tuple(lowering_args), tuple(targets), kinds, sees_bits, written_args
+    )
 
 
 def _kind(arg, lowering: Lowering) -> Kind:
@@ -78,9 +86,11 @@ class _Inputs:
         self.slots: dict[int, int] = {}
         self.dynamic: list = []
 
-    def tensor(self, t: torch.Tensor, host_ok: bool = False):
+    def tensor(self, t: torch.Tensor, host_ok: bool = False, written: bool = False):
         if t.is_cpu or t.is_meta:  # (cheaper than building t.device on every call)
-            if t.is_cpu and (host_ok or t.dim() == 0):
+            # a CPU scalar may be read, as CUDA reads one; written, it would keep its
+            # old value (the op writes the upload): CUDA refuses it too
+            if t.is_cpu and not written and (host_ok or t.dim() == 0):
                 t = upload(t)
             else:
                 raise RuntimeError(
@@ -113,20 +123,22 @@ def _static(value):
 def _layout(spec: OpSpec, values: list, inputs: _Inputs) -> tuple:
     """Per schema arg, its hashable description: tensor (slot, view), scalar type, or value."""
     layout = []
-    for kind, value in zip(spec.kinds, values):
+    written = spec.written_args
+    for index, (kind, value) in enumerate(zip(spec.kinds, values)):
         if value is None:
             layout.append(None)
         elif kind is Kind.TENSOR or kind is Kind.OPT_TENSOR:
             if isinstance(value, torch.Tensor):
-                layout.append(("t", inputs.tensor(value)))
+                layout.append(("t", inputs.tensor(value, written=index in written)))
             else:  # a Python number PyTorch wrapped as a tensor: weakly typed, like a Scalar
                 layout.append(("s", len(inputs.dynamic), type(value)))
                 inputs.dynamic.append(value)
         elif kind is Kind.TENSOR_LIST or kind is Kind.INDEX_LIST:
             # CPU index tensors are accepted, as CUDA accepts them (copied over)
             host_ok = kind is Kind.INDEX_LIST
+            write = index in written
             layout.append(
-                ("l", tuple(None if t is None else inputs.tensor(t, host_ok) for t in value))
+                ("l", tuple(None if t is None else inputs.tensor(t, host_ok, write) for t in value))
             )
         elif kind is Kind.SCALAR:
             layout.append(("s", len(inputs.dynamic), type(value)))
