@@ -581,6 +581,42 @@ def test_writing_to_elements_that_share_memory_raises(eager_mode, case):
     assert_same_error(case)
 
 
+def _eight(d):
+    return torch.arange(8.0, device=d)
+
+
+def _square(d):
+    return torch.arange(8.0, device=d)[:4].view(2, 2)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: (lambda x: torch.add(x[1:4], 10, out=x[0:3]))(_eight(d)),
+    lambda d: (lambda x: x[0:3].add_(x[1:4]))(_eight(d)),
+    lambda d: (lambda x: x[1:].copy_(x[:-1]))(_eight(d)),
+    lambda d: (lambda x: torch.cat([x[:2], x[2:4]], out=x[1:5]))(_eight(d)),
+    lambda d: (lambda x: torch.where(x[:3] > 0, x[:3], x[3:6], out=x[1:4]))(_eight(d)),
+    lambda d: (lambda x: x[:3].lerp_(x[2:5], 0.5))(_eight(d)),
+    lambda d: (lambda x: torch.add(x, x.t(), out=x))(_square(d)),
+])  # fmt: skip
+def test_writing_over_an_inputs_memory_raises(eager_mode, case):
+    """An out= or in-place target whose memory partly meets an input's: CPU refuses it;
+    tpu computed it as if the input had been copied first, silently."""
+    assert_same_error(case)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: (lambda x: (x.add_(x), x)[1])(_eight(d)),
+    lambda d: (lambda x: (torch.mul(x, 2, out=x), x)[1])(_eight(d)),
+    lambda d: (lambda x: (torch.neg(x[:3], out=x[3:6]), x)[1])(_eight(d)),
+    lambda d: (lambda x: (torch.mm(x[:4].view(2, 2), x[4:].view(2, 2), out=x[:4].view(2, 2)),
+                          x)[1])(_eight(d)),
+])  # fmt: skip
+def test_writes_cpu_allows_over_an_inputs_memory_still_work(eager_mode, case):
+    """The whole input written in place, a disjoint part of its storage, and the ops
+    that copy their inputs first (mm) keep working."""
+    assert_same_outcome(case)
+
+
 @pytest.mark.parametrize("case", [
     lambda d: _expanded(d).fill_(2),
     lambda d: _expanded(d).zero_(),

@@ -459,9 +459,9 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         meta_values, result, out_dtypes = _meta_run(spec, values)
     except NotImplementedError:
         meta_values, result, out_dtypes = None, None, None
-    targets = [values[t] for t in spec.targets if t is not None]
-    overlapping = tuple(t for t in targets if refusals.has_internal_overlap(t))
-    refusals.check(spec.schema.op, *_split_args(spec.schema.op, values), result, overlapping)
+    targets = list(arguments.tensors([values[t] for t in spec.targets if t is not None]))
+    aliased = refusals.written_memory_overlaps(targets, values) if targets else ()
+    refusals.check(spec.schema.op, *_split_args(spec.schema.op, values), result, aliased)
     n_returns = len(spec.schema.return_aliases)
     results = result if isinstance(result, tuple) else (result,)
     if n_returns == 0:

@@ -8,7 +8,9 @@ results where CPU raises: a complex max, sort or clamp in an order CPU does not
 define, the abs of a bool, the frac of an int. A program that runs on tpu and
 then fails on CPU or CUDA is not a port, so tpu refuses them too. The same run
 tells whether CPU refuses to write an out= or in-place target whose elements
-share memory (an expanded tensor: most ops refuse, fill_ and index_put_ do not).
+share memory, with each other (an expanded tensor: most ops refuse, fill_ and
+index_put_ do not) or with an input (`add(x[1:4], 1, out=x[0:3])`, `cat` into one
+of its parts): the stand-ins of tensors sharing a storage share one too.
 
 On the first call of a new executable key holding a bool, integer or complex
 tensor (for calls no executable key remembers, ops run by a PyTorch
@@ -38,8 +40,10 @@ _HALF = (torch.float16, torch.bfloat16)
 _DTYPE_WORDS = re.compile(
     r"[Cc]omplex|[Bb]ool|[Ii]nteger|floating point|dtype|'(Long|Int|Short|Char|Byte)'"
 )
-_OVERLAP_WORDS = "more than one element of the written-to tensor refers to a single memory"
+# CPU's words for a write into memory another element or an input also uses
+_OVERLAP_WORDS = re.compile(r"written-to tensor refers? to a single memory location")
 _SMALL = 1 << 18  # elements, inputs and outputs together: stand-ins of the real shapes
+_LARGEST_ALIASED = 4 * _SMALL  # storage elements a shared stand-in may copy
 _ACCEPTED: set = set()  # call signatures CPU accepted (`check_per_signature`)
 _ACCEPTED_LIMIT = 4096
 
@@ -49,20 +53,21 @@ def check(
     args: list,
     kwargs: dict,
     meta_result=None,
-    overlapping: tuple = (),
+    aliased: tuple = (),
 ) -> None:
     """Raise CPU's error if CPU's kernel refuses these dtypes; meta_result, the op's
-    result on meta tensors where known, tells how large the call is. overlapping: the
-    tensors the op writes whose elements share memory (an expanded out=): their
-    stand-ins keep that, and CPU's refusal to write them is raised too."""
+    result on meta tensors where known, tells how large the call is. aliased: tensors
+    whose memory matters (`written_memory_overlaps`): their stand-ins share storages as
+    they do, and CPU's refusal to write such memory is raised too."""
     if op.namespace != "aten":
         return
-    if not overlapping and not _has_refusable_dtype((args, kwargs)):
+    if not aliased and not _has_refusable_dtype((args, kwargs)):
         return
-    real = bool(overlapping) or _numel((args, kwargs)) + _numel(meta_result) <= _SMALL
-    ids = {id(t) for t in overlapping}
-    stand_in_args = _stand_in(args, real, ids)
-    stand_in_kwargs = {k: _stand_in(v, real, ids) for k, v in kwargs.items()}
+    real = bool(aliased) or _numel((args, kwargs)) + _numel(meta_result) <= _SMALL
+    aliased_ids = {id(t) for t in aliased}
+    buffers: dict = {}
+    stand_in_args = _stand_in(args, real, aliased_ids, buffers)
+    stand_in_kwargs = {k: _stand_in(v, real, aliased_ids, buffers) for k, v in kwargs.items()}
     with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         warnings.simplefilter("ignore")
         try:
@@ -72,12 +77,39 @@ def check(
                 raise type(e)(str(e)) from None
 
 
-def has_internal_overlap(t) -> bool:
-    """Elements sharing memory (a stride 0 over more than one element), which CPU
-    refuses to write for most ops (not for fill_, zero_, index_put_, ...)."""
-    return isinstance(t, torch.Tensor) and any(
-        stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())
-    )
+def written_memory_overlaps(targets: list, values) -> tuple:
+    """The tensors to give `check` as aliased: targets (what the op writes) whose
+    elements share memory (a stride 0 over more than one element), or whose memory
+    meets another tensor's in values (the call's arguments); empty when none does, or
+    when the shared storage is too large to stand in for (not checked then)."""
+    by_storage: dict = {}
+    for t in arguments.tensors(values):
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+    found = []
+    for target in targets:
+        if any(stride == 0 and size > 1 for size, stride in zip(target.shape, target.stride())):
+            found.append(target)
+        low, high = _span(target)
+        for other in by_storage.get(target.untyped_storage().data_ptr(), ()):
+            other_low, other_high = _span(other)
+            if other is not target and other_low <= high and low <= other_high:
+                found.extend((target, other))
+    if any(t.untyped_storage().nbytes() // t.element_size() > _LARGEST_ALIASED for t in found):
+        return ()
+    return tuple(found)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The first and last storage element t reaches (empty tensors reach nothing)."""
+    if t.numel() == 0:
+        return (1, 0)
+    low = high = t.storage_offset()
+    for size, stride in zip(t.shape, t.stride()):
+        if stride < 0:
+            low += (size - 1) * stride
+        else:
+            high += (size - 1) * stride
+    return (low, high)
 
 
 def check_per_signature(op: torch._ops.OpOverload, args, kwargs: dict) -> None:
@@ -113,12 +145,18 @@ def _numel(value) -> int:
     return sum(t.numel() for t in arguments.tensors(value))
 
 
-def _stand_in(value, real_shape: bool, overlapping: set = frozenset()):
+def _stand_in(value, real_shape: bool, aliased: set = frozenset(), buffers=None):
+    """Zeros for value's tensors; those in aliased are views, with their own sizes,
+    strides and offsets, of one CPU buffer per storage and dtype (in buffers)."""
+
     def zeros(t: torch.Tensor) -> torch.Tensor:
         dtype = torch.float32 if t.dtype in _HALF else t.dtype
-        if id(t) in overlapping:
-            span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-            return torch.zeros(span, dtype=dtype).as_strided(t.shape, t.stride())
+        if id(t) in aliased:
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), dtype)
+            if key not in buffers:
+                buffers[key] = torch.zeros(storage.nbytes() // t.element_size(), dtype=dtype)
+            return buffers[key].as_strided(t.shape, t.stride(), t.storage_offset())
         return torch.zeros(t.shape if real_shape else [min(n, 1) for n in t.shape], dtype=dtype)
 
     return arguments.replace_tensors(value, zeros, "cpu")
@@ -132,4 +170,4 @@ def _is_refusal(error: Exception) -> bool:
         return True
     if not isinstance(error, RuntimeError):
         return False
-    return bool(_DTYPE_WORDS.search(message)) or _OVERLAP_WORDS in message
+    return bool(_DTYPE_WORDS.search(message) or _OVERLAP_WORDS.search(message))
