@@ -555,3 +555,56 @@ def test_gcd_lcm_at_the_dtypes_minimum(eager_mode, dtype):
                    torch.randint(info.min, info.max, (64,), dtype=dtype)])
     for fn in (torch.gcd, torch.lcm):
         assert torch.equal(fn(a.to("tpu"), b.to("tpu")).cpu(), fn(a, b))
+
+
+def _same_bits(fn, *args):
+    """fn on CPU and on tpu copies gives the same dtype and the same values, exactly
+    (NaNs where CPU has them)."""
+    expected = fn(*args)
+    actual = fn(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]).cpu()
+    assert actual.dtype == expected.dtype
+    differs = (actual != expected) & ~(actual.isnan() & expected.isnan())
+    assert not differs.any(), (
+        f"{int(differs.sum())} of {differs.numel()} differ: "
+        f"{args[0][differs][:4].tolist() if isinstance(args[0], torch.Tensor) else args[0]} -> "
+        f"cpu {expected[differs][:4].tolist()}, tpu {actual[differs][:4].tolist()}"
+    )
+
+
+_IN_PLACE_CASTS = {
+    "mul_float": lambda x: x.mul_(1.5),
+    "mul_0dim_float": lambda x: x.mul_(torch.tensor(1.5, device=x.device)),
+    "mul_float_tensor": lambda x: x.mul_(torch.full((3,), 1.5, device=x.device)),
+    "div_float": lambda x: x.div_(2.0),
+    "add_float": lambda x: x.add_(1.5),
+    "fmod_float": lambda x: x.fmod_(1.5),
+    "exp": lambda x: x.exp_(),
+    "float_mul_complex": lambda x: x.float().mul_(1j),
+    "float_add_complex": lambda x: x.float().add_(1j),
+    "bool_mul_int": lambda x: x.bool().mul_(2),
+}
+
+
+@pytest.mark.parametrize("case", list(_IN_PLACE_CASTS), ids=str)
+def test_in_place_result_must_cast_to_self(case, no_pointwise_fallback):
+    """CPU refuses an in-place op whose result dtype self cannot hold; PyTorch's meta
+    kernels check only some (add_, sub_), and int.mul_(1.5) truncated on tpu."""
+    fn = _IN_PLACE_CASTS[case]
+    with pytest.raises(RuntimeError) as cpu_error:
+        fn(torch.tensor([1, 2, 3], dtype=torch.int32))
+    x = torch.tensor([1, 2, 3], dtype=torch.int32, device="tpu")
+    with pytest.raises(RuntimeError) as tpu_error:
+        fn(x)
+    assert str(tpu_error.value) == str(cpu_error.value)
+    assert x.cpu().tolist() == [1, 2, 3]
+
+
+def test_in_place_results_that_cast_still_run(no_pointwise_fallback):
+    x = torch.tensor([1, 2, 3], dtype=torch.int32)
+    assert_same(lambda t: t.clone().mul_(True), x)
+    assert_same(lambda t: t.clone().mul_(2).eq_(4.5), x)
+    assert_same(lambda t: t.clone().div_(2, rounding_mode="floor"), x)
+    assert_same(lambda t: t.to(torch.uint8).mul_(-1), x)
+    assert_same(lambda t: t.clone().masked_fill_(t > 1, 7), x)
+    assert_same(lambda t: t.half().add_(t.double() / 3), x)
+

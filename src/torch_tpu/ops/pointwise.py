@@ -286,6 +286,7 @@ _NAMES = {
     torch.bfloat16: "BFloat16",
     torch.float32: "Float",
     torch.float64: "Double",
+    torch.complex32: "ComplexHalf",
     torch.complex64: "ComplexFloat",
     torch.complex128: "ComplexDouble",
 }
