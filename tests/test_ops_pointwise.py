@@ -608,3 +608,102 @@ def test_in_place_results_that_cast_still_run(no_pointwise_fallback):
     assert_same(lambda t: t.clone().masked_fill_(t > 1, 7), x)
     assert_same(lambda t: t.half().add_(t.double() / 3), x)
 
+
+def _half_values(dtype):
+    generator = torch.Generator().manual_seed(0)
+    return (torch.randn(4096, generator=generator) * 10).to(dtype)
+
+
+_SCALARS = (0.1, 1 / 3, 3.3, 7.77, -0.7, 1e5)
+_SCALAR_OPS = [
+    lambda t, s: t + s,
+    lambda t, s: t - s,
+    lambda t, s: s - t,
+    lambda t, s: t * s,
+    lambda t, s: t / s,
+    lambda t, s: torch.div(t, s),
+    lambda t, s: torch.add(t, s, alpha=0.3),
+    lambda t, s: torch.add(t, t.flip(0), alpha=s if abs(s) < 1e4 else -s / 1e5),
+    lambda t, s: t + torch.tensor(s, device=t.device),
+    lambda t, s: t + torch.tensor(s, dtype=torch.float64, device=t.device),
+    lambda t, s: torch.mul(torch.tensor(s, device=t.device), t),
+    lambda t, s: torch.div(torch.tensor(s, device=t.device), t),
+    lambda t, s: t.clone().add_(s),
+    lambda t, s: t.clone().mul_(s),
+    lambda t, s: torch.remainder(t, s),
+    lambda t, s: torch.fmod(t, s),
+    lambda t, s: torch.pow(t.abs() + 0.5, s if abs(s) < 1e4 else 2.5),
+    lambda t, s: torch.pow(abs(s), t / 8),
+    lambda t, s: torch.xlogy(t, abs(s)),
+    lambda t, s: (t * 0 + s) < s,
+    lambda t, s: (t * 0 + s) == s,
+    lambda t, s: torch.lerp(t, t * 2, s),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_with_a_python_scalar_rounds_as_cpu(dtype, no_pointwise_fallback):
+    """CPU rounds a Scalar (or a 0-dim tensor) to the tensor's float16/bfloat16 before
+    computing in float32, except as mul's and div's second operand."""
+    x = _half_values(dtype)
+    for s in _SCALARS:
+        for op in _SCALAR_OPS:
+            _same_bits(op, x, s)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_xlogy_rounds_the_log_as_cpu(dtype, no_pointwise_fallback):
+    x = _half_values(dtype)
+    y = x.abs().flip(0) + 0.25
+    _same_bits(torch.xlogy, x, y)
+    _same_bits(torch.special.xlog1py, x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_rounded_division_rounds_the_quotient_as_cpu(dtype, no_pointwise_fallback):
+    """CPU's float16/bfloat16 trunc and floor divisions round each step (the quotient
+    first) to the dtype, except for a one-element divisor, read as a scalar."""
+    a = _half_values(dtype) * 100
+    b = _half_values(dtype).flip(0)
+    b[::97] = 0
+    for mode in ("trunc", "floor"):
+        divide = lambda t, u, mode=mode: torch.div(t, u, rounding_mode=mode)  # noqa: E731
+        _same_bits(divide, a, b)
+        _same_bits(divide, a, 3.3)
+        _same_bits(divide, a, torch.tensor([3.3], dtype=dtype))
+        _same_bits(divide, a, torch.tensor(3.3))
+        _same_bits(divide, a * 30, b / 7)
+    _same_bits(torch.floor_divide, a, b)
+    if dtype == torch.float16:  # (PyTorch's test_div_rounding_numpy case)
+        _same_bits(
+            lambda t, u: torch.div(t, u, rounding_mode="trunc"),
+            torch.full((64,), -55808.0, dtype=dtype),
+            torch.full((64,), 65.75, dtype=dtype),
+        )
+
+
+def test_ldexp_scales_exactly_in_half_precision(no_pointwise_fallback):
+    """PyTorch's composite computed 2**other in float16 (2**-25 -> 0, 2**20 -> inf)."""
+    mantissas = torch.tensor([-2, 2**-10], dtype=torch.half)
+    exponents = torch.tensor([-25, 20])
+    _same_bits(torch.ldexp, mantissas, exponents)
+    _same_bits(lambda t, e: t.clone().ldexp_(e), mantissas, exponents)
+    _same_bits(lambda t, e: torch.ldexp(t, e, out=torch.empty_like(t)), mantissas, exponents)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=generator) * torch.exp2(
+        torch.randint(-20, 20, (4096,), generator=generator).float())
+    for dtype in (torch.float16, torch.float64):
+        for exponent_dtype in (torch.int64, torch.int32, torch.int8, torch.float16):
+            e = torch.randint(-120, 120, (4096,), generator=generator).to(exponent_dtype)
+            _same_bits(torch.ldexp, x.to(dtype), e)
+    _same_bits(torch.ldexp, x.half()[:5], torch.tensor([2**40, -(2**40), 2**31, 7, -3]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_nextafter_in_half_precision(dtype, no_pointwise_fallback):
+    """nextafter steps in the dtype's own bits (tpu stepped in float32 and rounded:
+    nextafter(0, 1) was 0, not the smallest subnormal)."""
+    inf = float("inf")
+    _same_bits(torch.nextafter, torch.zeros(4, dtype=dtype),
+               torch.tensor([1, -1, 0, inf], dtype=dtype))
+    _same_bits(torch.nextafter, _half_values(dtype), _half_values(dtype).flip(0))

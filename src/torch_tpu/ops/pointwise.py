@@ -65,23 +65,71 @@ def _stand_in(description):
     return torch.empty((1,) if dimensioned else (), dtype=dtypes.to_torch(dtype), device="meta")
 
 
+_REDUCED = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
 @functools.cache
-def _compute_dtype(descriptions: tuple, kind, default_dtype: torch.dtype) -> jnp.dtype:
+def _dtypes(descriptions: tuple, kind, default_dtype: torch.dtype) -> tuple:
+    """(compute dtype, result dtype, common dtype if it is float16/bfloat16 else None)."""
     # (default_dtype: what integers promote to; elementwise_dtypes reads it itself)
-    compute, _ = elementwise_dtypes(*map(_stand_in, descriptions), type_promotion_kind=kind)
-    return dtypes.to_jax(compute)
+    stand_ins = tuple(map(_stand_in, descriptions))
+    compute, result = elementwise_dtypes(*stand_ins, type_promotion_kind=kind)
+    common = result
+    if kind is Promo.ALWAYS_BOOL:  # (the operands' common dtype, not the result's)
+        _, common = elementwise_dtypes(*stand_ins, type_promotion_kind=Promo.DEFAULT)
+    common = dtypes.to_jax(common)
+    reduced = common if common in _REDUCED else None
+    return dtypes.to_jax(compute), dtypes.to_jax(result), reduced
 
 
-def _cast(kind, *xs):
-    """xs (None passes through) in the dtype PyTorch computes this op in."""
+def _round_to(x, common):
+    """x rounded to the reduced float dtype `common`, through float32 as C++ converts a
+    double (a Scalar, a float64 tensor) or an integer to c10::Half/BFloat16."""
+    if x.dtype == common:
+        return x
+    return x.astype(jnp.float32).astype(common)
+
+
+def _cast(kind, *xs, exact_other=False):
+    """xs (None passes through) in the dtype PyTorch computes this op in.
+
+    Where the operands' common dtype is float16 or bfloat16, each operand is first
+    rounded to it, as CPU's TensorIterator casts its inputs before a kernel computes in
+    float32: `x_f16 + 0.1` adds float16(0.1), and so does a float32 or float64 0-dim
+    tensor in its place. exact_other: CPU's mul and div kernels read a one-element
+    second operand at its own precision instead (`x_f16 * 0.1` multiplies by float32(0.1))."""
     descriptions = tuple(_describe(x) for x in xs if x is not None)
-    dtype = _compute_dtype(descriptions, kind, torch.get_default_dtype())
-    return [None if x is None else jnp.asarray(x).astype(dtype) for x in xs]
+    dtype, _, common = _dtypes(descriptions, kind, torch.get_default_dtype())
+    out = []
+    for k, x in enumerate(xs):
+        if x is not None:
+            x = jnp.asarray(x)
+            if common is not None and not (exact_other and k == 1 and x.size == 1):
+                x = _round_to(x, common)
+            x = x.astype(dtype)
+        out.append(x)
+    return out
 
 
-def _like(value, x):
-    """A Scalar argument that takes no part in promotion (alpha, value) in x's dtype."""
-    return jnp.asarray(value).astype(x.dtype)
+def _common_dtype(kind, *xs):
+    """The operands' common dtype where it is float16/bfloat16 (else None): what CPU
+    rounds a Scalar that takes no part in promotion (add's alpha) to."""
+    descriptions = tuple(_describe(x) for x in xs if x is not None)
+    return _dtypes(descriptions, kind, torch.get_default_dtype())[2]
+
+
+def _result_dtype(kind, *xs):
+    descriptions = tuple(_describe(x) for x in xs if x is not None)
+    return _dtypes(descriptions, kind, torch.get_default_dtype())[1]
+
+
+def _like(value, x, common=None):
+    """A Scalar argument that takes no part in promotion (alpha, value) in x's dtype;
+    rounded to `common` first where CPU does (add's alpha)."""
+    value = jnp.asarray(value)
+    if common is not None:
+        value = _round_to(value, common)
+    return value.astype(x.dtype)
 
 
 def _is_int(x) -> bool:
@@ -99,9 +147,9 @@ def _unary(fn, kind=Promo.INT_TO_FLOAT):
     return lowering
 
 
-def _binary(fn, kind=Promo.DEFAULT):
+def _binary(fn, kind=Promo.DEFAULT, exact_other=False):
     def lowering(self, other):
-        return fn(*_cast(kind, self, other))
+        return fn(*_cast(kind, self, other, exact_other=exact_other))
 
     return lowering
 
@@ -130,13 +178,13 @@ def _check_alpha(values: list) -> bool:
 @lower("add.Tensor", "add.Scalar", check=_check_alpha)
 def add(self, other, alpha=1):
     a, b = _cast(Promo.DEFAULT, self, other)
-    return a + b * _like(alpha, b)
+    return a + b * _like(alpha, b, _common_dtype(Promo.DEFAULT, self, other))
 
 
 @lower("sub.Tensor", "sub.Scalar", check=_check_alpha)
 def sub(self, other, alpha=1):
     a, b = _cast(Promo.DEFAULT, self, other)
-    return a - b * _like(alpha, b)
+    return a - b * _like(alpha, b, _common_dtype(Promo.DEFAULT, self, other))
 
 
 @lower("rsub.Tensor", "rsub.Scalar", check=_check_alpha)
@@ -144,48 +192,71 @@ def rsub(self, other, alpha=1):
     return sub(other, self, alpha)
 
 
-lower("mul.Tensor", "mul.Scalar")(_binary(jnp.multiply))
-lower("div.Tensor", "div.Scalar")(_binary(jnp.true_divide, Promo.INT_TO_FLOAT))
+lower("mul.Tensor", "mul.Scalar")(_binary(jnp.multiply, exact_other=True))
+lower("div.Tensor", "div.Scalar")(_binary(jnp.true_divide, Promo.INT_TO_FLOAT, exact_other=True))
 
 
-def _floor_divide_float(a, b):
+def _exact(value):
+    return value
+
+
+def _floor_divide_float(a, b, rounded=_exact):
     """Float floor division as PyTorch rounds it: from fmod, so a == b * q + r
-    holds as closely as floats allow; IEEE a / b when b is zero."""
+    holds as closely as floats allow; IEEE a / b when b is zero. `rounded` rounds
+    each intermediate result (CPU's float16/bfloat16 kernels compute step by step in
+    the tensor's dtype)."""
     mod = jnp.fmod(a, b)
-    quotient = (a - mod) / b
-    quotient = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), quotient - 1, quotient)
+    quotient = rounded(rounded(a - mod) / b)
+    quotient = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), rounded(quotient - 1), quotient)
     floored = jnp.floor(quotient)
-    floored = jnp.where(quotient - floored > 0.5, floored + 1, floored)
-    floored = jnp.where(quotient == 0, jnp.copysign(jnp.zeros_like(a), a / b), floored)
-    return jnp.where(b == 0, a / b, floored)
+    floored = jnp.where(quotient - floored > 0.5, rounded(floored + 1), floored)
+    plain = rounded(a / b)
+    floored = jnp.where(quotient == 0, jnp.copysign(jnp.zeros_like(a), plain), floored)
+    return jnp.where(b == 0, plain, floored)
 
 
-def _floor_divide(a, b):
+def _floor_divide(a, b, rounded=_exact):
     if _is_int(a):
         return jnp.floor_divide(a, b)
-    return _floor_divide_float(a, b)
+    return _floor_divide_float(a, b, rounded)
 
 
-def _trunc_divide(a, b):
+def _trunc_divide(a, b, rounded=_exact):
     if _is_int(a):
         return lax.div(*jnp.broadcast_arrays(a, b))  # XLA rounds toward zero, like C
-    return jnp.trunc(a / b)
+    return jnp.trunc(rounded(a / b))
 
 
-_ROUNDED_DIVISIONS = {"trunc": _trunc_divide, "floor": _floor_divide}
+def _rounding_division(fn):
+    """fn(a, b, rounded) as CPU computes it: for float16/bfloat16, in float32 when b has
+    one element (CPU's kernels read it as a scalar), else rounding each step to the
+    dtype (`trunc(a / b)` truncates float16(a / b): 33 of 4096 quotients differ)."""
+
+    def lowering(self, other):
+        a, b = _cast(Promo.DEFAULT, self, other, exact_other=True)
+        common = _common_dtype(Promo.DEFAULT, self, other)
+        if common is None or b.size == 1:
+            return fn(a, b)
+        return fn(a, b, lambda v: v.astype(common).astype(v.dtype))
+
+    return lowering
+
+
+_ROUNDED_DIVISIONS = {
+    "trunc": _rounding_division(_trunc_divide),
+    "floor": _rounding_division(_floor_divide),
+}
 
 
 @lower("div.Tensor_mode", "div.Scalar_mode")
 def div_mode(self, other, rounding_mode=None):
     if rounding_mode is None:
-        return jnp.true_divide(*_cast(Promo.INT_TO_FLOAT, self, other))
-    return _ROUNDED_DIVISIONS[rounding_mode](*_cast(Promo.DEFAULT, self, other))
+        return jnp.true_divide(*_cast(Promo.INT_TO_FLOAT, self, other, exact_other=True))
+    return _ROUNDED_DIVISIONS[rounding_mode](self, other)
 
 
-lower("floor_divide.default", "floor_divide.Scalar")(_binary(_floor_divide))
-lower("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")(
-    _binary(jnp.remainder)
-)
+lower("floor_divide.default", "floor_divide.Scalar")(_ROUNDED_DIVISIONS["floor"])
+lower("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")(_binary(jnp.remainder))
 lower("fmod.Tensor", "fmod.Scalar")(_binary(jnp.fmod))
 
 
@@ -216,6 +287,30 @@ def _power(base, exponent):
 lower("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")(_binary(_power))
 
 
+def _check_ldexp(values: list) -> bool:
+    """CPU computes a complex self's power of two in a complex dtype: complex32 has no
+    pow kernel (a float16 exponent)."""
+    self, other = values[0], values[1]
+    if self.dtype.is_complex and other.dtype == torch.float16 and other.dim() > 0:
+        raise NotImplementedError("\"pow\" not implemented for 'ComplexHalf'")
+    return False  # dtypes are part of the key
+
+
+@lower("ldexp.Tensor", "ldexp_.default", check=_check_ldexp)
+def ldexp(self, other):
+    """self * 2**other. A real floating self with an integer exponent is scaled exactly,
+    in its own dtype (CPU's std::ldexp: float16's 2**-25 and 2**20 would be 0 and inf);
+    otherwise mul(self, pow(2.0, other)), as CPU."""
+    if jnp.issubdtype(self.dtype, jnp.floating) and not jnp.issubdtype(other.dtype, jnp.inexact):
+        # the exponent as a C int (int64 wraps), clipped where every result is 0 or inf
+        exponent = jnp.clip(other.astype(jnp.int32), -4096, 4096)
+        return jnp.ldexp(self, exponent)
+    two = jnp.asarray(2, self.dtype) if _is_complex(self) else 2.0  # (CPU: 2 in self's dtype)
+    power = _power(*_cast(Promo.DEFAULT, two, other))
+    power = power.astype(_result_dtype(Promo.DEFAULT, two, other))
+    return jnp.multiply(*_cast(Promo.DEFAULT, self, power, exact_other=True))
+
+
 @lower("addcmul.default")
 def addcmul(self, tensor1, tensor2, value=1):
     s, a, b = _cast(Promo.DEFAULT, self, tensor1, tensor2)
@@ -231,7 +326,8 @@ def addcdiv(self, tensor1, tensor2, value=1):
 @lower("lerp.Scalar", "lerp.Tensor")
 def lerp(self, end, weight):
     """Two formulas, each exact at its end of the interval, as PyTorch."""
-    a, b, w = _cast(Promo.DEFAULT, self, end, weight)
+    a, b = _cast(Promo.DEFAULT, self, end)
+    w = jnp.asarray(weight).astype(a.dtype)  # (CPU reads a Scalar weight unrounded)
     diff = b - a
     return jnp.where(jnp.abs(w) < 0.5, a + w * diff, b - diff * (1 - w))
 
@@ -315,6 +411,7 @@ def check_fill_value(value, dtype: torch.dtype) -> bool:
 def scalar_type_name(dtype: torch.dtype) -> str:
     """PyTorch's C++ name of a dtype (Long, Float, ...), as its error messages spell it."""
     return _NAMES.get(dtype, str(dtype))
+
 
 lower("neg.default", check=_same_dtype_out)(_unary(jnp.negative, Promo.DEFAULT))
 lower("_neg_view.default")(_unary(jnp.negative, Promo.DEFAULT))
@@ -477,21 +574,25 @@ def logit(self, eps=None):
 
 
 def _xlogy(log):
-    """x * log(y) that is 0 where x is 0, unless y is NaN."""
+    """x * log(y) that is 0 where x is 0, unless y is NaN; in float16/bfloat16 log(y) is
+    rounded to the dtype before the product, as CPU's kernels compute it."""
 
-    def fn(x, y):
-        value = jnp.where(x == 0, 0, x * log(y))
+    def lowering(self, other):
+        x, y = _cast(Promo.INT_TO_FLOAT, self, other)
+        common = _common_dtype(Promo.INT_TO_FLOAT, self, other)
+        logged = log(y)
+        if common is not None:
+            logged = logged.astype(common).astype(logged.dtype)
+        value = jnp.where(x == 0, 0, x * logged)
         return jnp.where(jnp.isnan(y), jnp.nan, value)
 
-    return fn
+    return lowering
 
 
-lower("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self")(
-    _binary(_xlogy(jnp.log), Promo.INT_TO_FLOAT)
+lower("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self")(_xlogy(jnp.log))
+lower("special_xlog1py.default", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar")(
+    _xlogy(jnp.log1p)
 )
-lower(
-    "special_xlog1py.default", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar"
-)(_binary(_xlogy(jnp.log1p), Promo.INT_TO_FLOAT))
 lower("special_zeta.default", "special_zeta.other_scalar", "special_zeta.self_scalar")(
     _binary(jss.zeta, Promo.INT_TO_FLOAT)
 )
@@ -500,9 +601,11 @@ lower("igammac.default")(_binary(jss.gammaincc))
 lower("atan2.default")(_binary(jnp.arctan2, Promo.INT_TO_FLOAT))
 lower("hypot.default")(_binary(jnp.hypot))
 lower("copysign.Tensor", "copysign.Scalar")(_binary(jnp.copysign, Promo.INT_TO_FLOAT))
-lower("nextafter.default")(_binary(jnp.nextafter))
+lower("nextafter.default")(_binary(jnp.nextafter, Promo.NO_OPMATH))  # (bits of the dtype)
 lower("logaddexp.default")(_binary(jnp.logaddexp))
 lower("logaddexp2.default")(_binary(jnp.logaddexp2))
+
+
 def _gcd_parts(self, other):
     """CPU's Euclid, in CPU's integer width (C promotes int8/int16/uint8 to int) with
     its wrapping abs and truncating remainder. jnp.gcd loops on |x|, which never
