@@ -142,3 +142,15 @@ def test_multinomial():
     many = torch.multinomial(probs[0], N, replacement=True).cpu()
     freq = torch.bincount(many, minlength=4).double() / N
     torch.testing.assert_close(freq, probs[0].cpu().double(), atol=0.02, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_float_random_stays_below_to(dtype):
+    """A float16 draw of 2999 rounds to 3000: CPU draws below `to` moved to a value the
+    dtype holds; tpu gave `to` itself."""
+    for args in ((3000,), (-3000, 3000), (100, 32752)):
+        expected = torch.empty(N, dtype=dtype).random_(*args)
+        values = torch.empty(N, dtype=dtype, device="tpu").random_(*args).cpu()
+        assert values.max() < args[-1]
+        assert values.max() <= expected.max() + 0 and values.min() >= expected.min()
+        assert torch.equal(values, values.round())

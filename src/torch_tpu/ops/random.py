@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from .. import dtypes
 from .pointwise import scalar_type_name
 from .registry import lower
 
@@ -244,14 +245,27 @@ def random_(key, self, generator=None):
     return _integers(key, self.shape, self.dtype, 0, _default_high(self.dtype))
 
 
+def _float_bounds(dtype, low: int, high: int | None) -> tuple[int, int | None]:
+    """For a float dtype, CPU's bounds: from and to moved to values the dtype holds
+    (update_from/update_to), so that an integer drawn below `to` never rounds up to it
+    (float16 random_(3000) draws from [0, 2998): 2999 would round to 3000)."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return low, high
+    torch_dtype = dtypes.to_torch(dtype)
+    low = _update_from(low, torch_dtype)
+    return low, (None if high is None else _update_to(high, torch_dtype))
+
+
 @lower("random_.from", random=True, check=_check_random_from)
 def random_from(key, self, low, high=None, generator=None):
+    low, high = _float_bounds(self.dtype, low, high)
     high = _default_high(self.dtype) if high is None else high - 1
     return _integers(key, self.shape, self.dtype, low, high)
 
 
 @lower("random_.to", random=True, check=_check_random_to)
 def random_to(key, self, high, generator=None):
+    _, high = _float_bounds(self.dtype, 0, high)
     return _integers(key, self.shape, self.dtype, 0, high - 1)
 
 
