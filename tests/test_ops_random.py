@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -154,3 +155,50 @@ def test_float_random_stays_below_to(dtype):
         assert values.max() < args[-1]
         assert values.max() <= expected.max() + 0 and values.min() >= expected.min()
         assert torch.equal(values, values.round())
+
+
+def _checkpointed_dropout_step(reentrant: bool, compiled: bool) -> tuple[torch.Tensor, ...]:
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 16).to("tpu")
+    x = torch.randn(8, 16, device="tpu", requires_grad=True)
+
+    def block(x):
+        return torch.nn.functional.dropout(linear(x), 0.5, True).relu()
+
+    def step(x):
+        return checkpoint(block, x, use_reentrant=reentrant)
+
+    if compiled:
+        step = torch.compile(step, backend="tpu")
+    torch.manual_seed(1)
+    y = step(x)
+    weights = torch.arange(16.0, device="tpu")
+    (y * weights).sum().backward()
+    return y.detach(), x.grad, linear.weight.detach(), weights
+
+
+def _assert_follows_the_forwards_mask(reentrant: bool, compiled: bool) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the RNG-state graphs run op by op: a warning)
+        y, grad, weight, weights = _checkpointed_dropout_step(reentrant, compiled)
+    kept = (y != 0).float()
+    assert 0 < kept.mean().item() < 1
+    expected = (kept * weights * 2) @ weight  # dropout(p=0.5) scales what it keeps by 2
+    torch.testing.assert_close(grad.cpu(), expected.cpu())
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_checkpoint_recomputes_dropout_with_the_forwards_mask(eager_mode, reentrant):
+    """torch.utils.checkpoint replays the forward in backward with the RNG state it
+    saved: the gradient must follow the forward's dropout mask. It saved tpu's state
+    only when `torch.tpu._initialized` said so (it was missing: a new mask, silently
+    wrong gradients)."""
+    _assert_follows_the_forwards_mask(reentrant, compiled=False)
+
+
+def test_compiled_checkpoint_recomputes_dropout_with_the_forwards_mask():
+    """Compiled, AOTAutograd wraps the recomputed dropout in PyTorch's RNG-state
+    operators, which had no tpu kernel (AssertionError: Backend not supported)."""
+    _assert_follows_the_forwards_mask(reentrant=False, compiled=True)

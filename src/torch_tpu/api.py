@@ -285,6 +285,13 @@ class _TpuModule(types.ModuleType):
     `compiler` namespace, and a dir() that lists the public API."""
 
     @property
+    def _initialized(self) -> bool:
+        """torch.cuda's flag, read by PyTorch itself: activation checkpointing stashes a
+        device's RNG state only when it is set, so without it a recomputed dropout drew
+        a new mask and the gradients silently differed from the forward's."""
+        return is_initialized()
+
+    @property
     def enable_cpu_fallback(self) -> bool:
         from .engine import fallback
 
@@ -341,7 +348,11 @@ class _TpuModule(types.ModuleType):
         return ops
 
     def __dir__(self) -> list[str]:
-        properties = [name for name, v in vars(_TpuModule).items() if isinstance(v, property)]
+        properties = [
+            name
+            for name, v in vars(_TpuModule).items()
+            if isinstance(v, property) and not name.startswith("_")
+        ]
         return sorted([*__all__, *properties])
 
 

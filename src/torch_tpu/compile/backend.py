@@ -382,7 +382,10 @@ def register() -> None:
     """Register `tpu`, make it the default for tpu graphs, guard Inductor (idempotent)."""
     from torch._dynamo.backends import registry
 
+    from . import rng_state_ops
+
     _skip_our_internals()
+    rng_state_ops.register()
 
     if "tpu" not in registry.list_backends(exclude_tags=()):
         registry.register_backend(compiler_fn=tpu, name="tpu")
