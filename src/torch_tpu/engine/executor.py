@@ -383,14 +383,15 @@ def _meta_tensor(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
-def _to_meta(value):
+def to_meta(value):
+    """value with its tensors as meta tensors of the same geometry (for meta kernels)."""
     return arguments.replace_tensors(value, _meta_tensor, "meta")
 
 
 def _meta_run(spec: OpSpec, values: list):
     """Run the op on meta tensors: PyTorch's own shapes, dtypes and input checks; also
     `_out_result_dtypes`."""
-    meta_values = [_to_meta(v) for v in values]
+    meta_values = [to_meta(v) for v in values]
     _accept_byte_indices(spec, meta_values)
     # (before the op: some meta kernels word the cast error otherwise)
     out_dtypes = _out_result_dtypes(spec, meta_values)

@@ -18,7 +18,7 @@ import torch
 from .. import dtypes
 from ..ops.registry import LOWERINGS, Lowering
 from ..tensor import new_tensor, replace_storage, storage_of
-from . import arguments, executor, fallback, refusals
+from . import executor, fallback, refusals
 from .schema import parse
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -180,11 +180,8 @@ def _check_inplace_cast(functional: torch._ops.OpOverload, values: list) -> None
 def _inplace_cast_error(functional: torch._ops.OpOverload, values: list, self) -> str | None:
     from ..ops.pointwise import scalar_type_name
 
-    def meta(t: torch.Tensor) -> torch.Tensor:
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-
     schema = functional._schema.arguments
-    meta_values = [arguments.replace_tensors(v, meta, "meta") for v in values]
+    meta_values = [executor.to_meta(v) for v in values]
     args = [v for a, v in zip(schema, meta_values) if not a.kwarg_only]
     kwargs = {a.name: v for a, v in zip(schema, meta_values) if a.kwarg_only}
     try:
