@@ -229,3 +229,37 @@ def test_bool_storages_viewed_as_bytes_and_back():
     for expected, actual in zip(results["cpu"], results["tpu"]):
         assert actual.dtype == expected.dtype
         torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
+
+
+def _row_loop(x):
+    """A program's loop over rows: each row a view at its own storage offset."""
+    values = []
+    for i in range(1, x.shape[0]):
+        x[i] = x[i - 1] * 2 + i  # read two rows, write a third
+        x[i, 1:].add_(1)  # in place through a view of a view
+        values.append(x[i, 2].item())  # a read of one element
+    return values
+
+
+def test_a_loop_over_rows_compiles_once_per_op(monkeypatch, eager_mode):
+    """A view's storage offset is passed to the program at run time: a loop over the rows
+    of a tensor compiled a program for every op at every row (25-30 ms each here), and a
+    read of `x[i].item()` one for every i."""
+    from torch_tpu import cache
+
+    programs = []
+    compile_program = cache.compile
+
+    def counting(fn, example_args, **kwargs):
+        programs.append(kwargs.get("name"))
+        return compile_program(fn, example_args, **kwargs)
+
+    width = {"debug": 4, "strict": 5, "fused": 6}[eager_mode]  # (no mode reuses another's)
+    cpu = torch.arange(12.0 * width).reshape(12, width)
+    tpu = cpu.clone().to("tpu")
+    expected = _row_loop(cpu)
+    _row_loop(tpu[:3])  # warm up: every program of the loop, once
+    monkeypatch.setattr(cache, "compile", counting)
+    assert _row_loop(tpu) == expected
+    torch.testing.assert_close(tpu.cpu(), cpu)
+    assert programs == []

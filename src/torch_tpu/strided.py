@@ -42,6 +42,47 @@ class View(NamedTuple):
     neg: bool = False
 
 
+class Offset(NamedTuple):
+    """A view's storage offset given at run time, in place of View.offset: the index of
+    its value among the executable's run-time scalars. One program then serves a view at
+    every offset (`x[i]` in a loop over i compiled a program per i)."""
+
+    index: int
+
+
+def offset_may_vary(view: View) -> bool:
+    """Whether a view's offset can be a run-time value (`Offset`): it is not 0 (the
+    storage array itself stays a static read), the view has elements, and it reads the
+    storage's own dtype (a reinterpreting view counts offsets in the storage's units)."""
+    return (
+        view.offset != 0
+        and view.dtype == view.storage_dtype
+        and all(n > 0 for n in view.shape)
+    )
+
+
+def read_at(flat, view: View, offset):
+    """`read` of a view whose offset is the run-time value `offset`."""
+    region, at_zero = _region_at(flat, view, offset)
+    return read(region, at_zero)
+
+
+def write_at(flat, view: View, offset, value):
+    """`write` through a view whose offset is the run-time value `offset`."""
+    region, at_zero = _region_at(flat, view, offset)
+    shape = flat.shape
+    flat = flat.reshape(-1)
+    region = write(region, at_zero, value)
+    return lax.dynamic_update_slice(flat, region, (offset,)).reshape(shape)
+
+
+def _region_at(flat, view: View, offset):
+    """The elements the view spans, from `offset` on, and the view over them at 0."""
+    span = storage_span(view.shape, view.strides, 0)
+    region = lax.dynamic_slice(flat.reshape(-1), (offset,), (span,))
+    return region, view._replace(offset=0, storage_numel=span, storage_shape=(span,))
+
+
 def layout_shape(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> tuple[int, ...]:
     """The shape of a new storage's array for a tensor of this geometry at offset 0:
     the tensor's own shape when it is contiguous (strides None), else flat."""

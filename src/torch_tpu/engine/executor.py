@@ -102,7 +102,11 @@ class _Inputs:
         if slot is None:
             slot = self.slots[id(storage)] = len(self.storages)
             self.storages.append(storage)
-        return (slot, view_of(t, storage))
+        view = view_of(t, storage)
+        if strided.offset_may_vary(view):  # (a run-time value: fastpath.add_tensor too)
+            self.dynamic.append(view.offset)
+            view = view._replace(offset=strided.Offset(len(self.dynamic) - 1))
+        return (slot, view)
 
 
 def _static(value):
@@ -597,13 +601,19 @@ def _abstract_storages(layout):
 
 
 def _abstract_dynamic(layout):
-    out = []  # weakly typed stand-ins, in the order _layout numbered them
+    kinds = {}  # index -> weakly typed stand-in, as _layout numbered them
     for e in layout:
-        if e is not None and e[0] == "s":
-            out.append(e[2](0))
-        elif e is not None and e[0] == "sl":
-            out.extend(kind(0) for _, kind in e[1])
-    return tuple(out)
+        if e is None:
+            continue
+        if e[0] == "s":
+            kinds[e[1]] = e[2](0)
+        elif e[0] == "sl":
+            kinds.update((index, kind(0)) for index, kind in e[1])
+        elif e[0] in ("t", "l"):
+            for ref in [e[1]] if e[0] == "t" else e[1]:
+                if ref is not None and type(ref[1].offset) is strided.Offset:
+                    kinds[ref[1].offset.index] = 0
+    return tuple(kinds[k] for k in range(len(kinds)))
 
 
 def _program(
@@ -628,7 +638,11 @@ def _program(
                 return None
             if ref not in reads:
                 slot, view = ref
-                reads[ref] = strided.read(storages[slot], view)
+                if type(view.offset) is strided.Offset:
+                    offset = dynamic[view.offset.index]
+                    reads[ref] = strided.read_at(storages[slot], view, offset)
+                else:
+                    reads[ref] = strided.read(storages[slot], view)
             return reads[ref]
 
         def arg(entry):
@@ -670,7 +684,12 @@ def _program(
             for ref, val in zip(refs, outs):
                 slot, view = ref
                 base = new.get(slot, storages[slot])
-                new[slot] = strided.write(base, view, convert(val, view.dtype))
+                val = convert(val, view.dtype)
+                if type(view.offset) is strided.Offset:
+                    offset = dynamic[view.offset.index]
+                    new[slot] = strided.write_at(base, view, offset, val)
+                else:
+                    new[slot] = strided.write(base, view, val)
         return fresh, tuple(new[s] for s in written_slots)
 
     return program
@@ -766,16 +785,26 @@ def device_value(t: torch.Tensor, reason: str = "value needed"):
     storage = storage_of(t)
     view = view_of(t, storage)
     flat = storage.array(reason)
+    # an offset at run time, as for ops: `x[i].item()` in a loop reads with one program
+    offset = view.offset if strided.offset_may_vary(view) else None
+    if offset is not None:
+        view = view._replace(offset=strided.Offset(0))
     reader = _READERS.get(view)
     if reader is None:
         reader = _READERS[view] = cache.compile(
-            lambda flat: strided.read(flat, view),
-            (flat,),
+            _reader(view),
+            (flat, offset),
             kind="op",
             name="read",
             signature=[("storage", flat.shape, str(flat.dtype))],
         )
-    return reader(flat)
+    return reader(flat, offset)
+
+
+def _reader(view: strided.View):
+    if type(view.offset) is strided.Offset:
+        return lambda flat, offset: strided.read_at(flat, view, offset)
+    return lambda flat, _: strided.read(flat, view)
 
 
 def download(t: torch.Tensor, reason: str):

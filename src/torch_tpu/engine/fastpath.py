@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import torch
 
-from .. import cache, platform
+from .. import cache, dtypes, platform
 from .schema import Kind
 
 _FAST: dict[tuple, object] = {}  # signature -> the general path's _Executable
@@ -53,7 +53,7 @@ def signature(spec, values: list):
             if value is None:
                 key.append(None)
             elif isinstance(value, torch.Tensor):
-                if not _tensor(value, key, storages, slots):
+                if not _tensor(value, key, storages, slots, dynamic):
                     return None
             else:  # a Python number PyTorch wrapped as a tensor: a run-time scalar
                 key.append(type(value))
@@ -76,7 +76,7 @@ def signature(spec, values: list):
         elif kind is _TENSOR_LIST:
             key.append(len(value))
             for t in value:
-                if not _tensor(t, key, storages, slots):
+                if not _tensor(t, key, storages, slots, dynamic):
                     return None
         elif kind is _SCALAR_LIST:
             key.append(len(value))
@@ -99,25 +99,40 @@ def _any_bits(spec, values: list) -> bool:
     return False
 
 
-def _tensor(t: torch.Tensor, key: list, storages: list, slots: dict) -> bool:
+def _tensor(t: torch.Tensor, key: list, storages: list, slots: dict, dynamic: list) -> bool:
     try:
         storage = t.untyped_storage()._tpu
     except AttributeError:  # a CPU or meta tensor, or a storage PyTorch re-wrapped
         return False
-    add_tensor(t, storage, key, storages, slots)
+    add_tensor(t, storage, key, storages, slots, dynamic)
     return True
 
 
-def add_tensor(t: torch.Tensor, storage, key: list, storages: list, slots: dict) -> None:
+_VARYING = object()  # in a signature, in place of an offset passed at run time
+
+
+def add_tensor(
+    t: torch.Tensor, storage, key: list, storages: list, slots: dict, dynamic=None
+) -> None:
     """Append tpu tensor t (over `storage`) to a flat signature: its storage's slot (the
     order storages first appear in; `storages` and `slots` collect them) and six more
     items, its geometry, its storage array's shape and the dtypes. Compiled graphs key
-    their executables the same way."""
+    their executables the same way. Given `dynamic` (eager ops), an offset the general
+    path passes at run time (`strided.offset_may_vary`) goes there instead."""
     slot = slots.get(id(storage))
     if slot is None:
         slot = slots[id(storage)] = len(storages)
         storages.append(storage)
-    key += (slot, t.shape, t.stride(), t.storage_offset(), t.dtype, storage.shape, storage.dtype)
+    offset = t.storage_offset()
+    if (
+        offset
+        and dynamic is not None
+        and t.numel()
+        and dtypes.TORCH_TO_JAX[t.dtype] == storage.dtype
+    ):
+        dynamic.append(offset)
+        offset = _VARYING
+    key += (slot, t.shape, t.stride(), offset, t.dtype, storage.shape, storage.dtype)
 
 
 def _frozen(value: list):
