@@ -172,6 +172,37 @@ def test_inputs_at_other_offsets_or_sharing_a_storage_read_their_own_elements():
             torch.testing.assert_close(got.cpu(), want)
 
 
+def test_a_loop_over_rows_compiles_the_graph_once(monkeypatch):
+    """An input's storage offset is passed to the graph's program at run time: a compiled
+    step called on `x[i]` in a loop (a recurrence over time steps) compiled one program
+    per i; the graph's in-place write into its row lands there too."""
+    from torch_tpu import cache
+
+    def step(row, h):
+        row.mul_(0.5)  # an input mutation at the row's offset
+        return torch.tanh(row @ h + 1)
+
+    compiled = torch.compile(step)
+    torch.manual_seed(0)
+    x, h = torch.randn(10, 3, 3), torch.randn(3, 3)
+    tx, th = x.to("tpu"), h.to("tpu")
+    for i in range(2):  # warm up
+        h, th = step(x[i], h), compiled(tx[i], th)
+    programs = []
+    compile_program = cache.compile
+
+    def counting(*args, **kwargs):
+        programs.append(kwargs.get("name"))
+        return compile_program(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "compile", counting)
+    for i in range(2, 10):
+        h, th = step(x[i], h), compiled(tx[i], th)
+    assert programs == []
+    torch.testing.assert_close(th.cpu(), h)
+    torch.testing.assert_close(tx.cpu(), x)
+
+
 def test_forward_saves_views_of_weights_not_copies():
     """AOTAutograd's forward saves each linear layer's transposed weight for the backward;
     as in eager PyTorch it must be a view of the weight, not a second copy of it held

@@ -101,10 +101,15 @@ def _maybe_warn(code: tuple[str, str]) -> None:
     if code in _warned or _recompiles[code] < _warn_limit():
         return
     _warned.add(code)
-    culprit, times = _changed_inputs[code].most_common(1)[0]
+    changed = _changed_inputs[code].most_common(1)
+    if changed:
+        culprit, times = changed[0]
+        what = f"{culprit} changed shape or dtype in {times} of them"
+    else:  # (strides, storage offsets or sizes fixed in the program changed)
+        what = "no input changed shape or dtype (their strides or storage offsets did)"
     warnings.warn(
-        f"torch_tpu: {kind} {name!r} was recompiled {_recompiles[code]} times; {culprit} "
-        f"changed shape or dtype in {times} of them. Every new shape is a new XLA compile: "
+        f"torch_tpu: {kind} {name!r} was recompiled {_recompiles[code]} times; {what}. "
+        "Every new shape is a new XLA compile: "
         "pad or bucket that input to a few fixed shapes: under torch.compile, mark the "
         "dimension dynamic (torch._dynamo.mark_dynamic or dynamic=True) and pass "
         "options={'bucket_size': N} or {'num_dynamic_buckets': K}; in eager, pad with "

@@ -227,6 +227,7 @@ def build(
     inputs = input_nodes(graph)
     random_index = {node: k for k, node in enumerate(random_nodes)}
     n_slots = 1 + max((x[0] for x in layouts if isinstance(x, tuple)), default=-1)
+    n_offsets = sum(isinstance(x, tuple) and type(x[1].offset) is strided.Offset for x in layouts)
     writes = input_writes(graph)
     write_nodes = {n for n in graph.nodes if n.op == "call_function" and n.target is _COPY_}
 
@@ -234,10 +235,10 @@ def build(
         env: dict = {}
         storages: dict = {}
         flats = list(args[:n_slots])
+        offsets = args[n_slots : n_slots + n_offsets]
         for node, layout in zip(inputs, layouts):
-            is_tensor = isinstance(layout, tuple)
-            env[node] = strided.read(flats[layout[0]], layout[1]) if is_tensor else layout
-        key_inputs = args[n_slots:]
+            env[node] = _read_input(flats, offsets, layout)
+        key_inputs = args[n_slots + n_offsets :]
         for node in graph.nodes:
             if node.op != "call_function" or node in write_nodes:
                 continue
@@ -248,11 +249,27 @@ def build(
             env[node] = _run_node(node, env, storages, key)
         for k, value in writes:
             slot, view = layouts[k]
-            flats[slot] = strided.write(flats[slot], view, jnp.asarray(env[value]))
+            value = jnp.asarray(env[value])
+            if type(view.offset) is strided.Offset:
+                offset = offsets[view.offset.index]
+                flats[slot] = strided.write_at(flats[slot], view, offset, value)
+            else:
+                flats[slot] = strided.write(flats[slot], view, value)
         values = tuple(_store(env[n], n.meta["val"]) for n in value_nodes)
         return values, tuple(flats[slot] for slot in written_slots)
 
     return program
+
+
+def _read_input(flats: list, offsets: tuple, layout):
+    """An input's value: its view read from its storage (at a run-time offset where the
+    view has one), or the size or object it is fixed to."""
+    if not isinstance(layout, tuple):
+        return layout
+    slot, view = layout
+    if type(view.offset) is strided.Offset:
+        return strided.read_at(flats[slot], view, offsets[view.offset.index])
+    return strided.read(flats[slot], view)
 
 
 def _run_node(node: torch.fx.Node, env: dict, storages: dict, key):

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .. import cache, metrics, precision, rng
+from .. import cache, metrics, precision, rng, strided
 from ..engine import donation, executor, fastpath, modes
 from ..engine.fuse import Pending
 from ..tensor import Fresh, storage_of, view_of
@@ -114,11 +114,12 @@ class CompiledGraph:
         precision.sync()
         tensors = list(args) + self.constants
         args.clear()
-        key, storages, host = self._describe(tensors)
+        key, storages, host, offsets = self._describe(tensors)
         arrays = [  # (an array already: no call; else zeros, or a fused segment's value)
             v if (v := s.value) is not None and type(v) is not Pending else s.array(self.reason)
             for s in storages
         ]
+        arrays += offsets  # inputs' storage offsets passed at run time (numpy scalars)
         if self.random_nodes:
             seed, counter = rng.next_key_inputs()
             for _ in range(len(self.random_nodes) - 1):
@@ -164,16 +165,17 @@ class CompiledGraph:
                 out.append(index)
         return out
 
-    def _describe(self, tensors: list) -> tuple[tuple, list, dict]:
-        """(key, storages, host inputs) of one call. The key is flat, cheap to build and
-        hash (it runs on every call, over every parameter of a training step): per
-        tensor what the eager fast path's signature holds (`fastpath.add_tensor`), per
-        size input a 1-tuple. A CPU input (an optimizer's step) is uploaded in place in
-        `tensors`."""
+    def _describe(self, tensors: list) -> tuple[tuple, list, dict, list]:
+        """(key, storages, host inputs, run-time offsets) of one call. The key is flat,
+        cheap to build and hash (it runs on every call, over every parameter of a
+        training step): per tensor what the eager fast path's signature holds
+        (`fastpath.add_tensor`, offsets passed at run time included), per size input a
+        1-tuple. A CPU input (an optimizer's step) is uploaded in place in `tensors`."""
         key: list = []
         storages: list = []
         slots: dict = {}
         host: dict = {}
+        offsets: list = []
         add_tensor = fastpath.add_tensor
         for k, t in enumerate(tensors):
             try:
@@ -188,8 +190,8 @@ class CompiledGraph:
                     host[k] = t
                     t = tensors[k] = executor.upload(t)
                 storage = storage_of(t)
-            add_tensor(t, storage, key, storages, slots)
-        return tuple(key), storages, host
+            add_tensor(t, storage, key, storages, slots, offsets)
+        return tuple(key), storages, host, [np.int64(offset) for offset in offsets]
 
     @staticmethod
     def _layouts(tensors: list) -> tuple:
@@ -197,13 +199,18 @@ class CompiledGraph:
         View) for a tensor, the value of a size input, OPAQUE for anything else."""
         slots: dict = {}
         layouts = []
+        offsets = 0
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 layouts.append(int(t) if isinstance(t, int) else interpret.OPAQUE)
                 continue
             storage = storage_of(t)
             slot = slots.setdefault(id(storage), len(slots))
-            layouts.append((slot, view_of(t, storage)))
+            view = view_of(t, storage)
+            if strided.offset_may_vary(view):  # (as `_describe` decided)
+                view = view._replace(offset=strided.Offset(offsets))
+                offsets += 1
+            layouts.append((slot, view))
         return tuple(layouts)
 
     def _compile(self, layouts: tuple, arrays: list) -> tuple:
