@@ -302,6 +302,30 @@ def test_unique(dtype):
     assert_same(lambda t: torch.ops.aten._unique(t, True, True), x)
 
 
+def _signs(result):
+    return [torch.signbit(t.cpu()) for t in result if t.is_floating_point()]
+
+
+@pytest.mark.parametrize("first", [-0.0, 0.0])
+def test_unique_keeps_the_first_of_equal_values(first):
+    """-0.0 == 0.0: CPU keeps the first value of each group of equal ones (every value
+    was scattered to its group's slot, so XLA kept the last)."""
+    x = torch.tensor([1.0, first, -first, 2.0])
+    fns = [
+        lambda t: torch.unique(t, return_inverse=True, return_counts=True),
+        lambda t: torch.unique_consecutive(t, return_inverse=True, return_counts=True),
+        lambda t: torch.unique(t, dim=0, return_inverse=True, return_counts=True),
+        lambda t: torch.unique(t.reshape(1, 4), dim=1),
+        lambda t: torch.unique_consecutive(t.reshape(4, 1), dim=0, return_counts=True),
+    ]
+    for fn in fns:
+        actual = assert_same(fn, x)
+        expected = fn(x)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        actual = actual if isinstance(actual, tuple) else (actual,)
+        assert [s.tolist() for s in _signs(actual)] == [s.tolist() for s in _signs(expected)]
+
+
 # --------------------------------------------------------------- searching
 
 

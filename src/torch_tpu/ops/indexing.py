@@ -576,9 +576,9 @@ def _empty_index() -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=1)
 def _runs(rows, sort: bool):
-    """Rows grouped into runs of equal rows, after sorting them if asked: each
-    run's row, each row's run, each run's length (padded to len(rows)), and
-    the number of runs."""
+    """Rows grouped into runs of equal rows, after sorting them if asked (stably, with
+    -0.0 equal to 0.0): each run's first row, each row's run, each run's length
+    (padded to len(rows)), and the number of runs."""
     n = rows.shape[0]
     order = jnp.lexsort(rows.T[::-1]) if sort else jnp.arange(n)
     ordered = rows[order]
@@ -586,7 +586,10 @@ def _runs(rows, sort: bool):
     run = jnp.cumsum(starts, dtype=jnp.int64) - 1
     inverse = jnp.zeros((n,), jnp.int64).at[order].set(run)
     counts = jnp.zeros((n,), jnp.int64).at[run].add(1)
-    return jnp.zeros_like(rows).at[run].set(ordered), inverse, counts, run[-1] + 1
+    # each run's first row, as CPU keeps it (-0.0 of -0.0 == 0.0); a scatter of every
+    # row to its run's slot would keep an unspecified one (XLA:CPU: the last)
+    firsts = ordered[jnp.nonzero(starts, size=n, fill_value=0)[0]]
+    return firsts, inverse, counts, run[-1] + 1
 
 
 def _unique(self, dim, sort: bool, return_inverse: bool, return_counts: bool):
