@@ -348,6 +348,29 @@ def test_searchsorted_bucketize(right):
     assert_same(lambda s, t: torch.bucketize(t, s), torch.tensor([-1, 0, 2]), x)
 
 
+@pytest.mark.filterwarnings("ignore:torch.searchsorted")
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_bucketize_with_nan_in_sequence(right):
+    """CPU's binary search compares plainly, so a NaN in the sequence reads as below every
+    value (jnp.searchsorted ordered NaN last: [4, 5, 2, 4, 1] for CPU's [6, 6, 2, 6, 1])."""
+    nan, inf = float("nan"), float("inf")
+    seq = torch.tensor([-inf, -1.0, 0.0, 1.0, inf, nan])
+    values = torch.tensor([3.0, nan, -0.0, inf, -2.0])
+    side = "right" if right else "left"
+    assert_same(lambda s, v: torch.searchsorted(s, v, right=right), seq, values)
+    assert_same(lambda s, v: torch.searchsorted(s, v, side=side, out_int32=True), seq, values)
+    assert_same(lambda s: torch.searchsorted(s, 5.0, right=right), torch.tensor([0.0, 1.0, nan]))
+    assert_same(lambda v, s: torch.bucketize(v, s, right=right), values, torch.tensor([0.0, nan]))
+    rows = torch.tensor([[nan, 0.0, 1.0, 2.0, 3.0], [0.0, nan, nan, 3.0, inf]])
+    row_values = torch.tensor([[0.5, 2.0, nan], [nan, 3.0, -1.0]])
+    assert_same(lambda s, v: torch.searchsorted(s, v, right=right), rows, row_values)
+    shuffled = torch.tensor([1.0, nan, -1.0, 0.0, nan])
+    sorter = torch.tensor([2, 3, 0, 1, 4])
+    fn = lambda s, v, o: torch.searchsorted(s, v, side=side, sorter=o)  # noqa: E731
+    assert_same(fn, shuffled, values, sorter)
+    assert_same(lambda s, v: torch.searchsorted(s, v, right=right), torch.empty(0), values)
+
+
 def test_bincount_histc():
     values = torch.tensor([0, 3, 3, 1, 7])
     assert_same(lambda v: torch.bincount(v), values)

@@ -639,19 +639,42 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
 # ---------------------------------------------------------- searching, binning
 
 
+def _binary_search(sequence, values, right: bool):
+    """Per value, the first position whose entry is not below it (above it when right),
+    found as CPU finds it: a binary search with plain comparisons, so a NaN in the
+    sequence reads as below every value (jnp.searchsorted orders NaN last). sequence is
+    (n,) or (rows, n) with values (rows, m); n.bit_length() halvings empty every range."""
+    n = sequence.shape[-1]
+    start = jnp.zeros(values.shape, jnp.int64)
+    end = jnp.full(values.shape, n, jnp.int64)
+    if n == 0:
+        return start
+
+    def halve(_, bounds):
+        start, end = bounds
+        mid = start + (end - start) // 2
+        at = jnp.minimum(mid, n - 1)  # (a finished search reads a valid entry, unused)
+        entry = sequence[at] if sequence.ndim == 1 else jnp.take_along_axis(sequence, at, -1)
+        after = ~(entry > values) if right else ~(entry >= values)
+        searching = start < end
+        start = jnp.where(searching & after, mid + 1, start)
+        return start, jnp.where(searching & ~after, mid, end)
+
+    return lax.fori_loop(0, n.bit_length(), halve, (start, end))[0]
+
+
 def _search(sorted_sequence, values, right, side, sorter, out_int32):
-    side = side or ("right" if right else "left")
+    right = side == "right" if side else right
     if sorter is not None:
         sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
     out_dtype = jnp.int32 if out_int32 else jnp.int64
     if sorted_sequence.ndim == 1:
-        found = jnp.searchsorted(sorted_sequence, values, side=side)
-        return found.astype(out_dtype)
-    search = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))
+        return _binary_search(sorted_sequence, values, right).astype(out_dtype)
     lead = sorted_sequence.shape[:-1]
-    found = search(
+    found = _binary_search(
         sorted_sequence.reshape(-1, sorted_sequence.shape[-1]),
         values.reshape(math.prod(lead), -1),
+        right,
     )
     return found.reshape(values.shape).astype(out_dtype)
 
