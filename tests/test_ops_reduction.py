@@ -276,6 +276,7 @@ SCALAR = {
     "logcumsumexp": lambda x: x.logcumsumexp(0),
     "sort": lambda x: x.sort(0),
     "topk": lambda x: x.topk(1),
+    "topk_0": lambda x: x.topk(0),  # (CPU returns the element, as for k=1)
     "kthvalue": lambda x: x.kthvalue(1),
     "median": lambda x: x.median(),
     "median_dim": lambda x: x.median(0),
@@ -300,6 +301,31 @@ def test_empty_dim_lists():
 
 def test_median_of_empty_is_nan():
     assert_same(lambda t: t.median(), torch.empty(0))
+
+
+# CPU's errors where the meta kernels wrap the dim (sort), return zeros (median over an
+# empty dim) or word the error otherwise (kthvalue, mode, topk)
+SELECTION_ERRORS = {
+    "sort_dim": lambda d: torch.sort(torch.zeros(2, 3, device=d), dim=3),
+    "argsort_dim": lambda d: torch.argsort(torch.zeros(2, 3, device=d), dim=-5),
+    "sort_stable_0d": lambda d: torch.sort(torch.tensor(3.0, device=d), dim=1, stable=True),
+    "median_empty_dim": lambda d: torch.median(torch.empty(3, 0, device=d), 1),
+    "nanmedian_empty_dim": lambda d: torch.nanmedian(torch.empty(3, 0, device=d), -1),
+    "kthvalue_empty_dim": lambda d: torch.kthvalue(torch.empty(3, 0, device=d), 1, 1),
+    "mode_empty_dim": lambda d: torch.mode(torch.empty(3, 0, device=d), 1),
+    "max_dim_out_of_range": lambda d: torch.max(torch.empty(3, 0, device=d), 4),
+    "topk_k_out_of_range": lambda d: torch.topk(torch.zeros(3, device=d), 4),
+}
+
+
+@pytest.mark.parametrize("name", SELECTION_ERRORS)
+def test_selection_errors_are_cpus(eager_mode, name):
+    fn = SELECTION_ERRORS[name]
+    with pytest.raises(Exception) as cpu:
+        fn("cpu")
+    with pytest.raises(cpu.type) as tpu:
+        fn("tpu")
+    assert str(cpu.value) in str(tpu.value)
 
 
 # --------------------------------------------------------- out= and in-place

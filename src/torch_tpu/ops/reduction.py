@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
+from torch._prims_common import canonicalize_dim
 
 from .. import dtypes, platform
 from .pointwise import scalar_type_name
@@ -46,16 +47,38 @@ def _check_not_bool(name: str):
     return check
 
 
-def _check_reduced_dim(name: str):
+def _check_reduced_dim(name: str, at: int = 1):
+    """CPU's IndexError for a reduction over an empty dim (values[at]); the meta kernels
+    of max/min/median/kthvalue/mode return an empty-looking result (or another error)."""
+
     def check(values: list) -> bool:
-        self, dim = values[0], values[1]
+        self = values[0]
+        dim = canonicalize_dim(self.dim(), values[at])  # (CPU's error for a dim out of range)
         if self.dim() and self.shape[dim] == 0:
-            raise IndexError(
-                f"{name}(): Expected reduction dim {dim % self.dim()} to have non-zero size."
-            )
+            raise IndexError(f"{name}(): Expected reduction dim {dim} to have non-zero size.")
         return False
 
     return check
+
+
+def _check_dim(at: int):
+    """CPU's IndexError for a dim (values[at]) out of range, where the meta kernel wraps
+    it (sort)."""
+
+    def check(values: list) -> bool:
+        canonicalize_dim(values[0].dim(), values[at])
+        return False
+
+    return check
+
+
+def _check_topk(values: list) -> bool:
+    """CPU's message for k out of range (the meta kernel words it otherwise)."""
+    self, k, dim = values[0], values[1], values[2]
+    dim = canonicalize_dim(self.dim(), dim)
+    if not 0 <= k <= (self.shape[dim] if self.dim() else 1):
+        raise RuntimeError("selected index k out of range")
+    return False
 
 
 def _check_logic_out(name: str, arity: int):
@@ -439,24 +462,24 @@ def _sort(x, dim, descending):
     return _like_input(values, x), _like_input(index, x)
 
 
-@lower("sort.default")
+@lower("sort.default", check=_check_dim(1))
 def sort(self, dim=-1, descending=False):
     return _sort(self, dim, descending)
 
 
-@lower("sort.stable")
+@lower("sort.stable", check=_check_dim(2))
 def sort_stable(self, stable=None, dim=-1, descending=False):
     return _sort(self, dim, descending)
 
 
-@lower("topk.default")
+@lower("topk.default", check=_check_topk)
 def topk(self, k, dim=-1, largest=True, sorted=True):
+    if self.ndim == 0:  # (k is 0 or 1: CPU returns the element either way)
+        return self, jnp.zeros((), jnp.int64)
     axis = _axis(self, dim)
-    values, index = _sorted(_as_1d(self), axis, largest)
+    values, index = _sorted(self, axis, largest)
     values = lax.slice_in_dim(values, 0, k, axis=axis)
     index = lax.slice_in_dim(index, 0, k, axis=axis)
-    if self.ndim == 0 and k == 1:
-        return values.reshape(()), index.reshape(())
     return values, index
 
 
@@ -484,7 +507,7 @@ def _rank_select(x, dim, keepdim, position_of):
     return _like_input(v, x), _like_input(i, x)
 
 
-@lower("kthvalue.default")
+@lower("kthvalue.default", check=_check_reduced_dim("kthvalue", at=2))
 def kthvalue(self, k, dim=-1, keepdim=False):
     return _rank_select(self, dim, keepdim, lambda valid, n: jnp.full_like(valid, k - 1))
 
@@ -499,12 +522,12 @@ def _nanmedian_position(valid, n):
     return jnp.where(valid == 0, (n - 1) // 2, (valid - 1) // 2)
 
 
-@lower("median.dim")
+@lower("median.dim", check=_check_reduced_dim("median"))
 def median_dim(self, dim, keepdim=False):
     return _rank_select(self, dim, keepdim, _median_position)
 
 
-@lower("nanmedian.dim")
+@lower("nanmedian.dim", check=_check_reduced_dim("median"))
 def nanmedian_dim(self, dim, keepdim=False):
     return _rank_select(self, dim, keepdim, _nanmedian_position)
 
@@ -525,7 +548,7 @@ def nanmedian_all(self):
     return _median_all(self, _nanmedian_position)
 
 
-@lower("mode.default")
+@lower("mode.default", check=_check_reduced_dim("mode"))
 def mode(self, dim=-1, keepdim=False):
     """Most frequent value (the smallest on ties) and its last index: the end
     of the longest run in the stably sorted row."""
