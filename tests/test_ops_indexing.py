@@ -326,6 +326,32 @@ def test_unique_keeps_the_first_of_equal_values(first):
         assert [s.tolist() for s in _signs(actual)] == [s.tolist() for s in _signs(expected)]
 
 
+UNIQUE_ERRORS = {
+    "dim_out_of_range": lambda d: torch.unique(torch.zeros(2, 3, device=d), dim=2),
+    "consecutive_dim_out_of_range": lambda d: torch.unique_consecutive(
+        torch.zeros(2, 3, device=d), dim=-5
+    ),
+    "0d_has_no_dims": lambda d: torch.unique(torch.tensor(3.0, device=d), dim=0),
+    "consecutive_0d_has_no_dims": lambda d: torch.unique_consecutive(
+        torch.tensor(3.0, device=d), dim=-1
+    ),
+    "empty_dim_not_selected": lambda d: torch.unique(torch.empty(2, 0, device=d), dim=0),
+    "two_empty_dims": lambda d: torch.unique_consecutive(torch.empty(0, 0, device=d), dim=1),
+}
+
+
+@pytest.mark.parametrize("name", UNIQUE_ERRORS)
+def test_unique_dim_errors_are_cpus(name):
+    """unique_dim and unique_consecutive have no meta kernel: a dim out of range was
+    wrapped (or failed inside the lowering), and empty dims gave a result."""
+    fn = UNIQUE_ERRORS[name]
+    with pytest.raises(Exception) as cpu:
+        fn("cpu")
+    with pytest.raises(cpu.type) as tpu:
+        fn("tpu")
+    assert str(cpu.value) in str(tpu.value)
+
+
 # --------------------------------------------------------------- searching
 
 

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
+from torch._prims_common import canonicalize_dim
 
 from .pointwise import check_fill_value, scalar_type_name
 from .registry import lower
@@ -624,13 +625,37 @@ def unique(self, sorted=True, return_inverse=False):
     return _unique(self, None, True, return_inverse, False)[:2]
 
 
-@lower("unique_dim.default", dynamic_shape=True)
+def _check_unique_dim(at: int):
+    """CPU's refusals of unique along a dim (values[at]; no meta kernel has them): a dim
+    out of range (a 0-d tensor has none), and an empty dim other than the one selected."""
+
+    def check(values: list) -> bool:
+        self, dim = values[0], values[at]
+        if dim is None:
+            return False
+        dim = canonicalize_dim(self.dim(), dim, wrap_scalar=False)
+        empty = list(self.shape).count(0)
+        if self.shape[dim] == 0 and empty > 1:
+            raise RuntimeError(
+                "Number of zero sized dimensions is more than one, so unique cannot be applied "
+            )
+        if self.shape[dim] != 0 and empty:
+            raise RuntimeError(
+                "There are 0 sized dimensions, and they aren't selected, so unique cannot be "
+                "applied"
+            )
+        return False
+
+    return check
+
+
+@lower("unique_dim.default", dynamic_shape=True, check=_check_unique_dim(1))
 def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
     """Inverse and counts are always computed, as PyTorch's kernel does."""
     return _unique(self, _dim(dim, self.ndim), True, True, True)
 
 
-@lower("unique_consecutive.default", dynamic_shape=True)
+@lower("unique_consecutive.default", dynamic_shape=True, check=_check_unique_dim(3))
 def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
     dim = None if dim is None else _dim(dim, self.ndim)
     return _unique(self, dim, False, return_inverse, return_counts)
