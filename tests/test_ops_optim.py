@@ -212,11 +212,15 @@ def test_fused_step_with_grad_scaler_arguments(cls, found_inf):
         assert torch.equal(actual[1][0], actual[0][0])  # the skipped step changed nothing
 
 
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)], ids=["0d", "1d", "2d"])
 @pytest.mark.parametrize("cls", FUSED, ids=lambda c: c.__name__)
-def test_fused_step_with_tensor_lr(cls):
-    kwargs = {"lr": torch.tensor(0.05), "fused": True}
+def test_fused_step_with_tensor_lr(cls, shape):
+    """A CPU tensor lr of one element, which torch.optim leaves on the CPU for a fused
+    step and CUDA's fused kernels read as a number (shapes [1] and [1, 1] raised the
+    mixed-device error on tpu; PyTorch's test_optim test_tensor_lr)."""
+    kwargs = {"lr": torch.tensor(0.05).reshape(shape), "fused": True}
     expected, _ = _train("cpu", cls, kwargs)
-    actual, _ = _train("tpu", cls, {**kwargs, "lr": torch.tensor(0.05)})
+    actual, _ = _train("tpu", cls, {**kwargs, "lr": torch.tensor(0.05).reshape(shape)})
     torch.testing.assert_close(actual, expected)
 
 

@@ -52,13 +52,21 @@ class Offset(NamedTuple):
 
 def offset_may_vary(view: View) -> bool:
     """Whether a view's offset can be a run-time value (`Offset`): it is not 0 (the
-    storage array itself stays a static read), the view has elements, and it reads the
-    storage's own dtype (a reinterpreting view counts offsets in the storage's units)."""
-    return (
-        view.offset != 0
-        and view.dtype == view.storage_dtype
-        and all(n > 0 for n in view.shape)
+    storage array itself stays a static read), it reads the storage's own dtype (a
+    reinterpreting view counts offsets in the storage's units), and it is a block
+    (`is_block`: `x[i]`, `x[i:j]`, one element), which a dynamic slice reads exactly.
+    Strided views (a column, a qkv chunk) keep static offsets: their span is most of
+    the storage, which a dynamic slice would copy before the static read."""
+    return view.offset != 0 and view.dtype == view.storage_dtype and is_block(
+        view.shape, view.strides
     )
+
+
+def is_block(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether a geometry with elements spans exactly as many storage elements as it
+    has (rows, a slice of rows: a contiguous block in some order)."""
+    numel = math.prod(shape)
+    return numel > 0 and storage_span(shape, strides, 0) == numel
 
 
 def read_at(flat, view: View, offset):

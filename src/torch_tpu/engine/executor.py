@@ -46,6 +46,9 @@ class OpSpec:
     # schema args the op writes (out=, self of an in-place op): a host tensor there
     # cannot be uploaded, since the result would land in the upload, not in it
     written_args: frozenset = frozenset()
+    # tensor args a lowering takes as a run-time float (a fused optimizer's tensor lr):
+    # a one-element CPU tensor there is read as CUDA's fused kernels read it, a number
+    host_numbers: frozenset = frozenset()
 
 
 def make_spec(schema: OpSchema, lowering: Lowering, lowering_args=None, targets=None) -> OpSpec:
@@ -63,8 +66,20 @@ def make_spec(schema: OpSchema, lowering: Lowering, lowering_args=None, targets=
     written_args = frozenset(t for t in targets if t is not None) | {
         index for index, arg in enumerate(schema.args) if arg.written
     }
+    host_numbers = frozenset(
+        index
+        for index, arg in enumerate(schema.args)
+        if arg.kind is Kind.TENSOR and arg.name in lowering.runtime_floats
+    )
     return OpSpec(
-        schema, lowering, tuple(lowering_args), tuple(targets), kinds, sees_bits, written_args
+        schema,
+        lowering,
+        tuple(lowering_args),
+        tuple(targets),
+        kinds,
+        sees_bits,
+        written_args,
+        host_numbers,
     )
 
 
@@ -133,7 +148,8 @@ def _layout(spec: OpSpec, values: list, inputs: _Inputs) -> tuple:
             layout.append(None)
         elif kind is Kind.TENSOR or kind is Kind.OPT_TENSOR:
             if isinstance(value, torch.Tensor):
-                layout.append(("t", inputs.tensor(value, written=index in written)))
+                number = index in spec.host_numbers and value.numel() == 1
+                layout.append(("t", inputs.tensor(value, number, index in written)))
             else:  # a Python number PyTorch wrapped as a tensor: weakly typed, like a Scalar
                 layout.append(("s", len(inputs.dynamic), type(value)))
                 inputs.dynamic.append(value)

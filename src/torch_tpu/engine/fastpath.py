@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import torch
 
-from .. import cache, dtypes, platform
+from .. import cache, dtypes, platform, strided
 from .schema import Kind
 
 _FAST: dict[tuple, object] = {}  # signature -> the general path's _Executable
@@ -127,8 +127,8 @@ def add_tensor(
     if (
         offset
         and dynamic is not None
-        and t.numel()
         and dtypes.TORCH_TO_JAX[t.dtype] == storage.dtype
+        and strided.is_block(t.shape, t.stride())
     ):
         dynamic.append(offset)
         offset = _VARYING
