@@ -187,6 +187,23 @@ def test_scatter_reduce(dtype, reduce, include_self):
     assert_same(fn, x, GIDX, src)
 
 
+@pytest.mark.parametrize("reduce", ["max", "min"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_takes_max_and_min(eager_mode, reduce, include_self):
+    """CPU takes "max" and "min" for amax and amin; PyTorch's meta kernel refused them."""
+    x, src = _x(), _x(shape=(4, 3))
+
+    def fn(t, i, s):
+        inplace = t.clone().scatter_reduce_(1, i, s, reduce, include_self=include_self)
+        out = torch.empty(0, device=t.device)
+        torch.scatter_reduce(t, 1, i, s, reduce, include_self=include_self, out=out)
+        return t.scatter_reduce(1, i, s, reduce, include_self=include_self), inplace, out
+
+    assert_same(fn, x, GIDX, src)
+    with pytest.raises(RuntimeError, match="amax or amin, got maximum"):
+        x.to("tpu").scatter_reduce(1, GIDX.to("tpu"), src.to("tpu"), "maximum")
+
+
 def test_gather_scatter_grad():
     src = torch.randn(4, 2)
     assert_same_grad(lambda t: t.gather(1, GIDX.to(t.device)), _x())

@@ -422,9 +422,27 @@ def scatter_add(self, dim, index, src):
     return _reduce_at(self, _dim_indices(index, dim), _src(src, index, self.dtype), "sum")
 
 
-@lower("scatter_reduce.two", check=_check_gather)
+_REDUCE_ALIASES = {"max": "amax", "min": "amin"}
+
+
+def _check_scatter_reduce(values: list) -> bool:
+    """CPU's kernel takes "max" and "min" for amax and amin; PyTorch's meta kernel refuses
+    them, and words the refusal of other names without the name. The meta run follows
+    this check on the same bound arguments, so it gets the names it knows."""
+    reduce = values[4]
+    if reduce in _REDUCE_ALIASES:
+        values[4] = _REDUCE_ALIASES[reduce]
+    elif reduce not in ("sum", "prod", "mean", "amax", "amin"):
+        raise RuntimeError(
+            f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}"
+        )
+    return _check_gather(values)
+
+
+@lower("scatter_reduce.two", check=_check_scatter_reduce)
 @_scalar_safe
 def scatter_reduce(self, dim, index, src, reduce, include_self=True):
+    reduce = _REDUCE_ALIASES.get(reduce, reduce)
     src = _src(src, index, self.dtype)
     return _reduce_at(self, _dim_indices(index, dim), src, reduce, include_self)
 
