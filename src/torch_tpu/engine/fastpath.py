@@ -128,7 +128,7 @@ def add_tensor(
         offset
         and dynamic is not None
         and dtypes.TORCH_TO_JAX[t.dtype] == storage.dtype
-        and strided.is_block(t.shape, t.stride())
+        and strided.geometry_may_move(t.shape, t.stride())
     ):
         dynamic.append(offset)
         offset = _VARYING
