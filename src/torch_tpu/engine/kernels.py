@@ -147,6 +147,7 @@ def _with_inplace_cast_check(functional: torch._ops.OpOverload, lowering: Loweri
 
 
 _INPLACE_VERDICTS: dict = {}  # (functional, argument signature) -> error message or None
+_INPLACE_VERDICTS_LIMIT = 4096  # (static values in signatures: start over past this many)
 
 
 def _argument_signature(value):
@@ -172,6 +173,8 @@ def _check_inplace_cast(functional: torch._ops.OpOverload, values: list) -> None
     if message is False:
         message = _inplace_cast_error(functional, values, self)
         if key is not None:
+            if len(_INPLACE_VERDICTS) >= _INPLACE_VERDICTS_LIMIT:
+                _INPLACE_VERDICTS.clear()
             _INPLACE_VERDICTS[key] = message
     if message is not None:
         raise RuntimeError(message)
