@@ -41,6 +41,33 @@ def assert_same(fn, *args, atol=None, rtol=None, check_dtype=True, **kwargs):
     return actual
 
 
+def _outcome(fn, device):
+    try:
+        result = fn(device)
+    except Exception as e:  # the outcome under test
+        return e
+    return to_cpu(result)
+
+
+def assert_same_error(fn):
+    """fn(device) raises on CPU; on tpu it raises an instance of CPU's type carrying CPU's
+    message (debug mode adds the op and the user's line around it)."""
+    expected = _outcome(fn, "cpu")
+    assert isinstance(expected, Exception), "the CPU oracle did not raise"
+    actual = _outcome(fn, "tpu")
+    assert isinstance(actual, type(expected)), f"{type(actual).__name__}: {actual}"
+    assert str(expected) in str(actual)
+
+
+def assert_same_outcome(fn):
+    """fn(device) gives CPU's result on tpu, or raises as CPU does."""
+    expected = _outcome(fn, "cpu")
+    if isinstance(expected, Exception):
+        assert_same_error(fn)
+    else:
+        torch.testing.assert_close(_outcome(fn, "tpu"), expected, equal_nan=True)
+
+
 def _check_device(value):
     if isinstance(value, torch.Tensor):
         assert value.device.type == "tpu", f"result is on {value.device}, not tpu"
