@@ -81,6 +81,21 @@ def geometry_may_move(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return span == numel or span <= _MOVABLE_SPAN
 
 
+def read_with(flat, view: View, run_time):
+    """`read`, at the run-time offset among `run_time` (the program's run-time values)
+    where the view's offset is an `Offset`."""
+    if type(view.offset) is Offset:
+        return read_at(flat, view, run_time[view.offset.index])
+    return read(flat, view)
+
+
+def write_with(flat, view: View, value, run_time):
+    """`write`, at the run-time offset among `run_time` where the view has one."""
+    if type(view.offset) is Offset:
+        return write_at(flat, view, run_time[view.offset.index], value)
+    return write(flat, view, value)
+
+
 def read_at(flat, view: View, offset):
     """`read` of a view whose offset is the run-time value `offset`."""
     region, at_zero = _region_at(flat, view, offset)

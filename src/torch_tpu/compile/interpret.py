@@ -249,12 +249,7 @@ def build(
             env[node] = _run_node(node, env, storages, key)
         for k, value in writes:
             slot, view = layouts[k]
-            value = jnp.asarray(env[value])
-            if type(view.offset) is strided.Offset:
-                offset = offsets[view.offset.index]
-                flats[slot] = strided.write_at(flats[slot], view, offset, value)
-            else:
-                flats[slot] = strided.write(flats[slot], view, value)
+            flats[slot] = strided.write_with(flats[slot], view, jnp.asarray(env[value]), offsets)
         values = tuple(_store(env[n], n.meta["val"]) for n in value_nodes)
         return values, tuple(flats[slot] for slot in written_slots)
 
@@ -267,9 +262,7 @@ def _read_input(flats: list, offsets: tuple, layout):
     if not isinstance(layout, tuple):
         return layout
     slot, view = layout
-    if type(view.offset) is strided.Offset:
-        return strided.read_at(flats[slot], view, offsets[view.offset.index])
-    return strided.read(flats[slot], view)
+    return strided.read_with(flats[slot], view, offsets)
 
 
 def _run_node(node: torch.fx.Node, env: dict, storages: dict, key):

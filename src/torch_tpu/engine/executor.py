@@ -654,11 +654,7 @@ def _program(
                 return None
             if ref not in reads:
                 slot, view = ref
-                if type(view.offset) is strided.Offset:
-                    offset = dynamic[view.offset.index]
-                    reads[ref] = strided.read_at(storages[slot], view, offset)
-                else:
-                    reads[ref] = strided.read(storages[slot], view)
+                reads[ref] = strided.read_with(storages[slot], view, dynamic)
             return reads[ref]
 
         def arg(entry):
@@ -700,12 +696,7 @@ def _program(
             for ref, val in zip(refs, outs):
                 slot, view = ref
                 base = new.get(slot, storages[slot])
-                val = convert(val, view.dtype)
-                if type(view.offset) is strided.Offset:
-                    offset = dynamic[view.offset.index]
-                    new[slot] = strided.write_at(base, view, offset, val)
-                else:
-                    new[slot] = strided.write(base, view, val)
+                new[slot] = strided.write_with(base, view, convert(val, view.dtype), dynamic)
         return fresh, tuple(new[s] for s in written_slots)
 
     return program
@@ -808,19 +799,13 @@ def device_value(t: torch.Tensor, reason: str = "value needed"):
     reader = _READERS.get(view)
     if reader is None:
         reader = _READERS[view] = cache.compile(
-            _reader(view),
+            lambda flat, offset, view=view: strided.read_with(flat, view, (offset,)),
             (flat, offset),
             kind="op",
             name="read",
             signature=[("storage", flat.shape, str(flat.dtype))],
         )
     return reader(flat, offset)
-
-
-def _reader(view: strided.View):
-    if type(view.offset) is strided.Offset:
-        return lambda flat, offset: strided.read_at(flat, view, offset)
-    return lambda flat, _: strided.read(flat, view)
 
 
 def download(t: torch.Tensor, reason: str):
