@@ -576,6 +576,24 @@ def test_writing_over_an_inputs_memory_raises(eager_mode, case):
     assert_same_error(case)
 
 
+@pytest.mark.parametrize("op", ["atan2_", "lt_", "eq_", "fmod_", "remainder_"])
+def test_in_place_op_never_resizes_self(eager_mode, op):
+    """An in-place op whose broadcast shape is larger than self: CPU refuses; tpu resized
+    self to the broadcast shape (PyTorch's meta kernels for atan2_, the comparisons,
+    fmod_ and remainder_ resize it as if it were out=) and wrote other values."""
+    small, large = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([[0.5, 1, 2], [3, 4, 5]])
+    assert_same_error(lambda d: getattr(small.to(d), op)(large.to(d)))
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: (lambda i: i.index_add_(0, i, i))(torch.tensor([0, 1, 2], device=d)),
+    lambda d: (lambda x: x.scatter_(0, torch.tensor([0, 1], device=d), x))(_eight(d)),
+])  # fmt: skip
+def test_an_in_place_self_given_again_as_an_input_raises(eager_mode, case):
+    """The same tensor as self and as another argument CPU cannot read while writing."""
+    assert_same_error(case)
+
+
 @pytest.mark.parametrize("case", [
     lambda d: (lambda x: (x.add_(x), x)[1])(_eight(d)),
     lambda d: (lambda x: (torch.mul(x, 2, out=x), x)[1])(_eight(d)),

@@ -186,3 +186,21 @@ def test_kaiser_window(eager_mode, args, dtype):
     actual = torch.kaiser_window(*args, dtype=dtype, device="tpu")
     assert actual.dtype == expected.dtype
     torch.testing.assert_close(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool]
+)
+def test_deterministic_mode_fills_uninitialized_memory_as_cpu(dtype):
+    """Under use_deterministic_algorithms(True) with fill_uninitialized_memory, CPU fills
+    empty tensors with NaN or the dtype's largest value; tpu gave zeros."""
+    from torch.testing._internal.common_utils import DeterministicGuard
+
+    with DeterministicGuard(True, fill_uninitialized_memory=True):
+        made = {
+            d: (torch.empty(3, dtype=dtype, device=d),
+                torch.empty_strided((2, 2), (1, 2), dtype=dtype, device=d))
+            for d in ("cpu", "tpu")
+        }  # fmt: skip
+    for cpu, tpu in zip(made["cpu"], made["tpu"]):
+        torch.testing.assert_close(tpu.cpu(), cpu, equal_nan=True)

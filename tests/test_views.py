@@ -290,3 +290,26 @@ def test_a_loop_over_rows_compiles_once_per_op(monkeypatch, eager_mode):
     assert _row_loop(tpu) == expected
     torch.testing.assert_close(tpu.cpu(), cpu)
     assert programs == []
+
+
+def test_resize_keeps_the_storage_it_fits_in():
+    """resize_ to a size the storage holds keeps the storage, as CPU: a shrink and a
+    regrow gave zeros back, and a resized view stopped aliasing its base."""
+    for device in ("cpu", "tpu"):
+        a = torch.arange(10.0, device=device)
+        a.resize_(5)
+        a.resize_(10)
+        base = torch.arange(6.0, device=device)
+        view = base[:4]
+        view.resize_(2)
+        view.fill_(-1)
+        if device == "cpu":
+            expected = (a.clone(), base.clone())
+    torch.testing.assert_close(a.cpu(), expected[0])
+    torch.testing.assert_close(base.cpu(), expected[1])
+
+
+def test_copy_of_a_python_number_fills():
+    expected = torch.zeros(3).copy_(float("nan"))
+    actual = torch.zeros(3, device="tpu").copy_(float("nan"))
+    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)

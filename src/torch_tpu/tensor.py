@@ -254,6 +254,12 @@ def is_whole(t: torch.Tensor, storage: Storage) -> bool:
     )
 
 
+def set_geometry(t: torch.Tensor, storage, offset: int, shape, strides) -> None:
+    """t over `storage` (a tpu storage) at the given offset, sizes and strides: metadata
+    only, through CPU's `set_` kernel, as every tpu tensor gets its storage."""
+    _set_storage(_CPU_KEYS, t, storage, offset, tuple(shape), tuple(strides))
+
+
 def replace_storage(t: torch.Tensor, shape, strides=None) -> None:
     """Give t a new, unwritten storage of the given geometry (resize_, out= resizing)."""
     shape = tuple(shape)

@@ -497,6 +497,13 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
                 want = tuple(meta_values[target].shape)
                 out = values[target]
                 if want != tuple(out.shape) and not _keeps_shape(spec, want, out):
+                    if not spec.schema.op._schema.arguments[target].is_out:
+                        # an in-place op's self keeps its shape (PyTorch's meta kernels
+                        # for some, atan2_ and lt_, resize it as if it were out=)
+                        raise RuntimeError(
+                            f"output with shape {list(out.shape)} doesn't match the "
+                            f"broadcast shape {list(want)}"
+                        )
                     resize[target] = want
         if resize:
             return _Executable(None, None, (), (), resize)

@@ -17,7 +17,8 @@ import torch
 
 from .. import dtypes
 from ..ops.registry import LOWERINGS, Lowering
-from ..tensor import new_tensor, replace_storage, storage_of
+from ..strided import storage_span
+from ..tensor import new_tensor, replace_storage, set_geometry, storage_of
 from . import executor, fallback, refusals
 from .schema import parse
 
@@ -219,7 +220,22 @@ def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_f
     if memory_format is not None and memory_format != torch.contiguous_format:
         # (dropping channels_last laid resize_as_'s values out in another order than CPU)
         strides = _format_strides(size, memory_format)
-    return new_tensor(size, dtype or torch.get_default_dtype(), None, strides)
+    return _uninitialized(new_tensor(size, dtype or torch.get_default_dtype(), None, strides))
+
+
+def _uninitialized(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor's unwritten memory: zeros, or, as CPU fills it under
+    `torch.use_deterministic_algorithms(True)` with
+    `torch.utils.deterministic.fill_uninitialized_memory`, NaN (floats, complex) or the
+    dtype's largest value (integers, bool), so that reading it shows."""
+    if not (
+        torch.are_deterministic_algorithms_enabled()
+        and torch.utils.deterministic.fill_uninitialized_memory
+    ):
+        return t
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return t.fill_(float("nan"))
+    return t.fill_(True if t.dtype == torch.bool else torch.iinfo(t.dtype).max)
 
 
 def _format_strides(size: tuple, memory_format) -> tuple:
@@ -230,13 +246,22 @@ def _format_strides(size: tuple, memory_format) -> tuple:
 
 def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     _check_device(device)
-    return new_tensor(tuple(size), dtype or torch.get_default_dtype(), None, tuple(stride))
+    dtype = dtype or torch.get_default_dtype()
+    return _uninitialized(new_tensor(tuple(size), dtype, None, tuple(stride)))
 
 
 def _resize(self, size, memory_format=None):
     size = tuple(size)
     strides = _format_strides(size, memory_format or torch.contiguous_format)
     if tuple(self.shape) != size or tuple(self.stride()) != strides:
+        storage = self.untyped_storage()
+        if self.storage_offset() + storage_span(size, strides, 0) <= (
+            storage.nbytes() // self.element_size()
+        ):
+            # it fits: the same storage at new sizes, as CPU (its values and every
+            # view sharing it stay: a shrink and a regrow give the elements back)
+            set_geometry(self, storage, self.storage_offset(), size, strides)
+            return self
         old = self.detach().clone() if self.numel() else None
         replace_storage(self, size, strides)
         if old is not None and self.numel():
@@ -257,6 +282,8 @@ _COPY = None
 
 
 def _copy(self, src, non_blocking=False):
+    if not isinstance(src, torch.Tensor):  # `x.copy_(float("nan"))`: PyTorch's number
+        src = torch.tensor(src)
     if self.device.type == executor.DEVICE_TYPE:
         if src.device.type != executor.DEVICE_TYPE:
             src = upload_to(src, None, self.dtype)

@@ -90,9 +90,15 @@ def written_memory_overlaps(targets: list, values) -> tuple:
         if any(stride == 0 and size > 1 for size, stride in zip(target.shape, target.stride())):
             found.append(target)
         low, high = _span(target)
-        for other in by_storage.get(target.untyped_storage().data_ptr(), ()):
+        sharing = by_storage.get(target.untyped_storage().data_ptr(), [])
+        # (the target is among values once as itself; a second time, it is also an input:
+        # `ind.index_add_(0, ind, src)`, which CPU refuses and `x.add_(x)` CPU allows)
+        others = [t for t in sharing if t is not target] + [target] * (
+            sum(t is target for t in sharing) - 1
+        )
+        for other in others:
             other_low, other_high = _span(other)
-            if other is not target and other_low <= high and low <= other_high:
+            if other_low <= high and low <= other_high:
                 found.extend((target, other))
     if any(t.untyped_storage().nbytes() // t.element_size() > _LARGEST_ALIASED for t in found):
         return ()
