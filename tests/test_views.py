@@ -313,3 +313,14 @@ def test_copy_of_a_python_number_fills():
     expected = torch.zeros(3).copy_(float("nan"))
     actual = torch.zeros(3, device="tpu").copy_(float("nan"))
     torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
+
+
+def test_is_set_to_compares_storage_and_geometry():
+    """is_set_to fell back to the CPU, whose host copies never share a storage."""
+
+    def checks(d):
+        t = torch.arange(6.0, device=d).view(2, 3)
+        same = torch.tensor([], device=d).set_(t)
+        return [t.is_set_to(same), t.is_set_to(t.clone()), t.is_set_to(t.t()), t[0].is_set_to(t[0])]
+
+    assert checks("tpu") == checks("cpu") == [True, False, False, True]

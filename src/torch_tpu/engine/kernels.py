@@ -273,6 +273,17 @@ def _resize(self, size, memory_format=None):
     return self
 
 
+def _is_set_to(self, tensor) -> bool:
+    """Metadata only, as CPU: the same storage, offset, sizes and strides (the CPU
+    fallback compared two host copies: always False)."""
+    return (
+        self.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+        and self.storage_offset() == tensor.storage_offset()
+        and self.shape == tensor.shape
+        and self.stride() == tensor.stride()
+    )
+
+
 def _set_empty(self):
     replace_storage(self, (0,))
     return self
@@ -370,6 +381,7 @@ def _register_specials() -> None:
     _impl("empty_strided", _empty_strided, "special")
     _impl("resize_", _resize, "special")
     _impl("set_", _set_empty, "special")
+    _impl("is_set_to", _is_set_to, "special")
     _impl("copy_", _copy, "special")
     _impl("_copy_from", _copy_from, "special")
     _impl("_copy_from_and_resize", _copy_from_and_resize, "special")
