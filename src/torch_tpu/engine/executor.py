@@ -538,17 +538,19 @@ def _keeps_shape(spec: OpSpec, want: tuple, out: torch.Tensor) -> bool:
 
 
 def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:
-    """For an out= variant derived from a functional lowering: per target, the dtype of
-    the functional result (None where there is none), after CPU's rule that it must
-    cast safely to out's (some of PyTorch's meta kernels for out= variants accept any
-    dtype, e.g. angle's). The result is rounded to that dtype before it is cast into
-    out, as on CPU: `add(f16, f16, out=f64)` overflows where float32 arithmetic would
-    not. None for any other op."""
-    if not any(a.is_out for a in spec.schema.op._schema.arguments):
-        return None
+    """For an out= or in-place variant derived from a functional lowering: per target,
+    the dtype of the functional result (None where there is none), after CPU's rule that
+    it must cast safely to out's or self's (some of PyTorch's meta kernels accept any
+    dtype: angle's out=, mul_ of an int self by 1.5, which tpu truncated). The result is
+    rounded to that dtype before it is cast into out, as on CPU: `add(f16, f16,
+    out=f64)` overflows where float32 arithmetic would not. None for any other op."""
+    op = spec.schema.op
     packet, _, overload = spec.lowering.name.partition(".")
     functional = getattr(getattr(torch.ops.aten, packet), overload)
-    if functional is spec.schema.op:
+    if functional is op:
+        return None
+    in_place = op._schema.name == functional._schema.name + "_"
+    if not in_place and not any(a.is_out for a in op._schema.arguments):
         return None
     try:  # (by name where the functional takes them so: add's alpha)
         results = _call_op(functional, [meta_values[i] for i in spec.lowering_args])

@@ -9,7 +9,6 @@ decomposition where one exists, else the CPU fallback.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable
 
@@ -125,81 +124,10 @@ def _register_variants(name: str, op, lowering: Lowering) -> None:
         else:
             if len(functional.returns) != 1 or written != [0]:
                 continue
-            checked = _with_inplace_cast_check(op, lowering)
-            spec = executor.make_spec(parse(variant), checked, None, (0,))
+            spec = executor.make_spec(parse(variant), lowering, None, (0,))
         if _has(candidate, "CompositeImplicitAutograd"):
             continue
         _register_spec(candidate, spec, "derived")
-
-
-def _with_inplace_cast_check(functional: torch._ops.OpOverload, lowering: Lowering) -> Lowering:
-    """The lowering of an in-place variant, with CPU's rule that the functional result's
-    dtype casts safely to self's (`int_tensor.mul_(1.5)` raises "result type Float can't
-    be cast to the desired output type Int"): PyTorch's meta kernels apply it to add_
-    and sub_ but let mul_ and others through, and tpu truncated the result. Judged
-    before the meta kernel (so its message is CPU's), once per argument signature."""
-    own = lowering.check
-
-    def check(values: list) -> bool:
-        _check_inplace_cast(functional, values)
-        return bool(own(values)) if own is not None else False
-
-    return dataclasses.replace(lowering, check=check)
-
-
-_INPLACE_VERDICTS: dict = {}  # (functional, argument signature) -> error message or None
-_INPLACE_VERDICTS_LIMIT = 4096  # (static values in signatures: start over past this many)
-
-
-def _argument_signature(value):
-    """What decides an op's result dtype: per tensor its dtype and whether it has
-    dimensions, per number its type, other values themselves."""
-    if isinstance(value, torch.Tensor):
-        return (value.dtype, value.dim() > 0)
-    if isinstance(value, (list, tuple)):
-        return tuple(_argument_signature(v) for v in value)
-    if isinstance(value, (bool, int, float, complex)):
-        return type(value)
-    return value
-
-
-def _check_inplace_cast(functional: torch._ops.OpOverload, values: list) -> None:
-    self = values[0]
-    try:
-        key = (functional, tuple(_argument_signature(v) for v in values))
-        hash(key)
-    except TypeError:  # (an unhashable static value: judged every time)
-        key = None
-    message = _INPLACE_VERDICTS.get(key, False) if key is not None else False
-    if message is False:
-        message = _inplace_cast_error(functional, values, self)
-        if key is not None:
-            if len(_INPLACE_VERDICTS) >= _INPLACE_VERDICTS_LIMIT:
-                _INPLACE_VERDICTS.clear()
-            _INPLACE_VERDICTS[key] = message
-    if message is not None:
-        raise RuntimeError(message)
-
-
-def _inplace_cast_error(functional: torch._ops.OpOverload, values: list, self) -> str | None:
-    from ..ops.pointwise import scalar_type_name
-
-    schema = functional._schema.arguments
-    meta_values = [executor.to_meta(v) for v in values]
-    args = [v for a, v in zip(schema, meta_values) if not a.kwarg_only]
-    kwargs = {a.name: v for a, v in zip(schema, meta_values) if a.kwarg_only}
-    try:
-        result = functional(*args, **kwargs)
-    except Exception:  # the variant's own meta kernel judges the call
-        return None
-    if not isinstance(self, torch.Tensor) or not isinstance(result, torch.Tensor):
-        return None
-    if torch.can_cast(result.dtype, self.dtype):
-        return None
-    return (
-        f"result type {scalar_type_name(result.dtype)} can't be cast to the desired output "
-        f"type {scalar_type_name(self.dtype)}"
-    )
 
 
 # ------------------------------------------------------------ special kernels

@@ -32,6 +32,7 @@ import warnings
 
 import torch
 
+from ..strided import storage_span
 from . import arguments
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -91,14 +92,12 @@ def written_memory_overlaps(targets: list, values) -> tuple:
             found.append(target)
         low, high = _span(target)
         sharing = by_storage.get(target.untyped_storage().data_ptr(), [])
-        # (the target is among values once as itself; a second time, it is also an input:
-        # `ind.index_add_(0, ind, src)`, which CPU refuses and `x.add_(x)` CPU allows)
-        others = [t for t in sharing if t is not target] + [target] * (
-            sum(t is target for t in sharing) - 1
-        )
-        for other in others:
+        # (the target is among values once as itself; a second time, it is also an
+        # input: `ind.index_add_(0, ind, src)`, which CPU refuses, `x.add_(x)` it allows)
+        own = next((k for k, t in enumerate(sharing) if t is target), None)
+        for k, other in enumerate(sharing):
             other_low, other_high = _span(other)
-            if other_low <= high and low <= other_high:
+            if k != own and other_low <= high and low <= other_high:
                 found.extend((target, other))
     if any(t.untyped_storage().nbytes() // t.element_size() > _LARGEST_ALIASED for t in found):
         return ()
@@ -109,13 +108,8 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     """The first and last storage element t reaches (empty tensors reach nothing)."""
     if t.numel() == 0:
         return (1, 0)
-    low = high = t.storage_offset()
-    for size, stride in zip(t.shape, t.stride()):
-        if stride < 0:
-            low += (size - 1) * stride
-        else:
-            high += (size - 1) * stride
-    return (low, high)
+    offset = t.storage_offset()
+    return (offset, storage_span(t.shape, t.stride(), offset) - 1)
 
 
 def check_per_signature(op: torch._ops.OpOverload, args, kwargs: dict) -> None:

@@ -188,6 +188,16 @@ def _update_to(value: int, dtype: torch.dtype) -> int:
     return value
 
 
+def _float_bounds(dtype: torch.dtype, low: int, high: int | None) -> tuple[int, int | None]:
+    """For a float dtype, CPU's bounds: from and to moved to values the dtype holds
+    (update_from/update_to), so that an integer drawn below `to` never rounds up to it
+    (float16 random_(3000) draws from [0, 2998): 2999 would round to 3000). The checks
+    judge these bounds, and the lowerings draw between them."""
+    if not dtype.is_floating_point:
+        return low, high
+    return _update_from(low, dtype), (None if high is None else _update_to(high, dtype))
+
+
 def _check_in_range(low: int, high_inclusive: int, dtype: torch.dtype) -> None:
     if dtype.is_floating_point:
         info = torch.finfo(dtype)
@@ -209,7 +219,7 @@ def _random_bounds(dtype: torch.dtype, low: int, high: int | None) -> None:
                 f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}"
             )
         if floating:
-            low, high = _update_from(low, dtype), _update_to(high, dtype)
+            low, high = _float_bounds(dtype, low, high)
             if not low < high:
                 raise RuntimeError(
                     "random_ expects 'from' casted to dtype to be less than 'to' casted to "
@@ -219,7 +229,7 @@ def _random_bounds(dtype: torch.dtype, low: int, high: int | None) -> None:
     elif low != _INT64_MIN:
         if floating:
             high_inclusive = 1 << _digits(dtype)
-            low = _update_from(low, dtype)
+            low, _ = _float_bounds(dtype, low, None)
             if not low < high_inclusive:
                 raise RuntimeError(
                     "random_ expects 'from' casted to dtype to be less than or equal to 'to_inc' "
@@ -245,27 +255,16 @@ def random_(key, self, generator=None):
     return _integers(key, self.shape, self.dtype, 0, _default_high(self.dtype))
 
 
-def _float_bounds(dtype, low: int, high: int | None) -> tuple[int, int | None]:
-    """For a float dtype, CPU's bounds: from and to moved to values the dtype holds
-    (update_from/update_to), so that an integer drawn below `to` never rounds up to it
-    (float16 random_(3000) draws from [0, 2998): 2999 would round to 3000)."""
-    if not jnp.issubdtype(dtype, jnp.floating):
-        return low, high
-    torch_dtype = dtypes.to_torch(dtype)
-    low = _update_from(low, torch_dtype)
-    return low, (None if high is None else _update_to(high, torch_dtype))
-
-
 @lower("random_.from", random=True, check=_check_random_from)
 def random_from(key, self, low, high=None, generator=None):
-    low, high = _float_bounds(self.dtype, low, high)
+    low, high = _float_bounds(dtypes.to_torch(self.dtype), low, high)
     high = _default_high(self.dtype) if high is None else high - 1
     return _integers(key, self.shape, self.dtype, low, high)
 
 
 @lower("random_.to", random=True, check=_check_random_to)
 def random_to(key, self, high, generator=None):
-    _, high = _float_bounds(self.dtype, 0, high)
+    _, high = _float_bounds(dtypes.to_torch(self.dtype), 0, high)
     return _integers(key, self.shape, self.dtype, 0, high - 1)
 
 
