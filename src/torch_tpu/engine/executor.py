@@ -545,12 +545,16 @@ def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:
     rounded to that dtype before it is cast into out, as on CPU: `add(f16, f16,
     out=f64)` overflows where float32 arithmetic would not. None for any other op."""
     op = spec.schema.op
+    if op.namespace != "aten":  # (derived variants are aten's; custom ops have none)
+        return None
+    out_variant = any(a.is_out for a in op._schema.arguments)
+    if not out_variant and not op._schema.name.endswith("_"):
+        return None
     packet, _, overload = spec.lowering.name.partition(".")
     functional = getattr(getattr(torch.ops.aten, packet), overload)
     if functional is op:
         return None
-    in_place = op._schema.name == functional._schema.name + "_"
-    if not in_place and not any(a.is_out for a in op._schema.arguments):
+    if not out_variant and op._schema.name != functional._schema.name + "_":
         return None
     try:  # (by name where the functional takes them so: add's alpha)
         results = _call_op(functional, [meta_values[i] for i in spec.lowering_args])
