@@ -13,9 +13,10 @@ import math
 import weakref
 
 import jax.numpy as jnp
+import numpy as np
 import torch
 
-from . import cache, dtypes
+from . import cache, dtypes, platform
 from .engine import fuse
 from .strided import View, contiguous_strides, layout_shape, storage_span
 
@@ -145,22 +146,24 @@ cache.on_clear(_SHARED_ZEROS.clear)
 def _zeros(shape: tuple, dtype):
     """The value of a storage never written. Small ones share one array per size (JAX
     arrays are immutable and writes replace a storage's array): running the zeros
-    executable per allocation would cost about as much as the op that fills it."""
+    executable per allocation would cost about as much as the op that fills it. They
+    are sent from the host: a program per new size would cost a compile (15 ms on
+    XLA:CPU) where a small transfer costs microseconds."""
     key = (shape, dtype)
     shared = _SHARED_ZEROS.get(key)
     if shared is not None:
         return shared
+    if math.prod(shape) <= _SHARED_ZEROS_MAX:
+        if len(_SHARED_ZEROS) > 1024:
+            _SHARED_ZEROS.clear()
+        value = _SHARED_ZEROS[key] = platform.put(np.zeros(shape, dtype))
+        return value
     make = _ZEROS.get(key)
     if make is None:
         make = _ZEROS[key] = cache.compile(
             lambda: jnp.zeros(shape, dtype), (), kind="op", name="zeros"
         )
-    value = make()
-    if math.prod(shape) <= _SHARED_ZEROS_MAX:
-        if len(_SHARED_ZEROS) > 1024:
-            _SHARED_ZEROS.clear()
-        _SHARED_ZEROS[key] = value
-    return value
+    return make()
 
 
 class Fresh:

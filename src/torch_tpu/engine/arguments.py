@@ -1,6 +1,6 @@
-"""An op's argument values carried to another device: meta tensors for PyTorch's
-shape and argument checks (`executor`), CPU stand-ins for its dtype refusals
-(`refusals`)."""
+"""An op's argument values: carried to another device (meta tensors for PyTorch's
+shape and argument checks in `executor`, CPU stand-ins for its dtype refusals in
+`refusals`), and passed back to an overload in schema order."""
 
 from __future__ import annotations
 
@@ -35,3 +35,16 @@ def tensors(value):
     elif isinstance(value, dict):
         for v in value.values():
             yield from tensors(v)
+
+
+def call_op(op: torch._ops.OpOverload, values: list):
+    """op called with its arguments' values in schema order."""
+    args, kwargs = split_args(op, values)
+    return op(*args, **kwargs)
+
+
+def split_args(op: torch._ops.OpOverload, values: list) -> tuple[list, dict]:
+    """Values in schema order as positional arguments and kwarg-only ones by name."""
+    schema = op._schema.arguments
+    args = [v for a, v in zip(schema, values) if not a.kwarg_only]
+    return args, {a.name: v for a, v in zip(schema, values) if a.kwarg_only}

@@ -24,7 +24,7 @@ from .. import cache, dtypes, metrics, precision, rng, strided
 from ..ops.pointwise import convert, scalar_type_name
 from ..ops.registry import Lowering
 from ..tensor import Fresh, new_tensor, replace_storage, storage_of, view_of
-from . import arguments, debug, donation, fastpath, fuse, modes, refusals
+from . import arguments, debug, donation, fastpath, fuse, modes, random_buckets, refusals
 from .schema import Kind, OpSchema
 
 DEVICE_TYPE = "tpu"
@@ -221,6 +221,8 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
     metrics.count("ops_dispatched")
     check = spec.lowering.check
     if entry is None:
+        if random_buckets.serves(spec, values, key):  # (the call it makes checks it)
+            return random_buckets.draw(spec, values)
         # PyTorch's checks its meta kernels miss; a True verdict means "depends on
         # values": run again on every call of this key (index bounds, mask counts)
         recheck = check is not None and bool(check(values))
@@ -416,25 +418,12 @@ def _meta_run(spec: OpSpec, values: list):
     # (before the op: some meta kernels word the cast error otherwise)
     out_dtypes = _out_result_dtypes(spec, meta_values)
     try:
-        result = _call_op(spec.schema.op, meta_values)
+        result = arguments.call_op(spec.schema.op, meta_values)
     except AssertionError as e:
         # some of PyTorch's decompositions (nll_loss's) check arguments with AssertionError
         # where CPU's kernels raise RuntimeError with the same words
         raise RuntimeError(str(e)) from None
     return meta_values, result, out_dtypes
-
-
-def _call_op(op: torch._ops.OpOverload, values: list):
-    """op called with its arguments' values in schema order."""
-    args, kwargs = _split_args(op, values)
-    return op(*args, **kwargs)
-
-
-def _split_args(op: torch._ops.OpOverload, values: list) -> tuple[list, dict]:
-    """Values in schema order as positional arguments and kwarg-only ones by name."""
-    schema = op._schema.arguments
-    args = [v for a, v in zip(schema, values) if not a.kwarg_only]
-    return args, {a.name: v for a, v in zip(schema, values) if a.kwarg_only}
 
 
 def _accept_byte_indices(spec: OpSpec, meta_values: list) -> None:
@@ -482,7 +471,7 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         meta_values, result, out_dtypes = None, None, None
     targets = list(arguments.tensors([values[t] for t in spec.targets if t is not None]))
     aliased = refusals.written_memory_overlaps(targets, values) if targets else ()
-    refusals.check(spec.schema.op, *_split_args(spec.schema.op, values), result, aliased)
+    refusals.check(spec.schema.op, *arguments.split_args(spec.schema.op, values), result, aliased)
     n_returns = len(spec.schema.return_aliases)
     results = result if isinstance(result, tuple) else (result,)
     if n_returns == 0:
@@ -557,7 +546,7 @@ def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:
     if not out_variant and op._schema.name != functional._schema.name + "_":
         return None
     try:  # (by name where the functional takes them so: add's alpha)
-        results = _call_op(functional, [meta_values[i] for i in spec.lowering_args])
+        results = arguments.call_op(functional, [meta_values[i] for i in spec.lowering_args])
     except Exception:  # the out= variant's own meta kernel has already judged the call
         return None
     results = results if isinstance(results, tuple) else (results,)
@@ -750,7 +739,7 @@ def _run_unjitted(spec: OpSpec, values: list, layout: tuple, inputs: _Inputs):
         _meta_run(spec, values)  # (its checks)
     except (NotImplementedError, DataDependentOutputException):
         pass
-    refusals.check_per_signature(spec.schema.op, *_split_args(spec.schema.op, values))
+    refusals.check_per_signature(spec.schema.op, *arguments.split_args(spec.schema.op, values))
     metrics.count("host_syncs")
     metrics.count(f"host sync: {spec.schema.name}")
     arrays = tuple(s.array(spec.schema.name) for s in inputs.storages)

@@ -44,12 +44,12 @@ def _check_uniform(values: list) -> bool:
     return True  # the bounds are run-time values: checked at every call
 
 
-@lower("uniform_.default", random=True, check=_check_uniform)
+@lower("uniform_.default", random=True, elementwise_draw=True, check=_check_uniform)
 def uniform_(key, self, low=0.0, high=1.0, generator=None):
     return _uniform(key, self.shape, self.dtype, low, high)
 
 
-@lower("normal_.default", random=True)
+@lower("normal_.default", random=True, elementwise_draw=True)
 def normal_(key, self, mean=0.0, std=1.0, generator=None):
     return jax.random.normal(key, self.shape, _float_dtype(self.dtype)) * std + mean
 
@@ -85,29 +85,29 @@ def normal_tensor(key, mean, std, generator=None):
     return _normal_like(key, mean, std)
 
 
-@lower("log_normal_.default", random=True)
+@lower("log_normal_.default", random=True, elementwise_draw=True)
 def log_normal_(key, self, mean=1.0, std=2.0, generator=None):
     return jnp.exp(jax.random.normal(key, self.shape, _float_dtype(self.dtype)) * std + mean)
 
 
-@lower("exponential_.default", random=True)
+@lower("exponential_.default", random=True, elementwise_draw=True)
 def exponential_(key, self, lambd=1.0, generator=None):
     return -jnp.log1p(-_uniform(key, self.shape, self.dtype)) / lambd
 
 
-@lower("cauchy_.default", random=True)
+@lower("cauchy_.default", random=True, elementwise_draw=True)
 def cauchy_(key, self, median=0.0, sigma=1.0, generator=None):
     return median + sigma * jnp.tan(jnp.pi * (_uniform(key, self.shape, self.dtype) - 0.5))
 
 
-@lower("geometric_.default", random=True)
+@lower("geometric_.default", random=True, elementwise_draw=True)
 def geometric_(key, self, p, generator=None):
     """Trials up to the first success: support 1, 2, 3, ..."""
     u = _uniform(key, self.shape, jnp.float64 if self.dtype == jnp.float64 else jnp.float32)
     return jnp.floor(jnp.log1p(-u) / jnp.log1p(-p)) + 1
 
 
-@lower("bernoulli_.float", random=True)
+@lower("bernoulli_.float", random=True, elementwise_draw=True)
 def bernoulli_float(key, self, p=0.5, generator=None):
     return _uniform(key, self.shape, jnp.float32) < p
 
@@ -250,19 +250,19 @@ def _check_random_to(values: list) -> bool:
     return False
 
 
-@lower("random_.default", random=True)
+@lower("random_.default", random=True, elementwise_draw=True)
 def random_(key, self, generator=None):
     return _integers(key, self.shape, self.dtype, 0, _default_high(self.dtype))
 
 
-@lower("random_.from", random=True, check=_check_random_from)
+@lower("random_.from", random=True, elementwise_draw=True, check=_check_random_from)
 def random_from(key, self, low, high=None, generator=None):
     low, high = _float_bounds(dtypes.to_torch(self.dtype), low, high)
     high = _default_high(self.dtype) if high is None else high - 1
     return _integers(key, self.shape, self.dtype, low, high)
 
 
-@lower("random_.to", random=True, check=_check_random_to)
+@lower("random_.to", random=True, elementwise_draw=True, check=_check_random_to)
 def random_to(key, self, high, generator=None):
     _, high = _float_bounds(dtypes.to_torch(self.dtype), 0, high)
     return _integers(key, self.shape, self.dtype, 0, high - 1)

@@ -22,6 +22,9 @@ class Lowering:
     fn: Callable
     static_scalars: bool = False  # Scalars are compile-time constants (arange's bounds)
     random: bool = False  # fn takes a jax PRNG key as its first argument
+    # a random op filling self whose every element is drawn from the key and its flat
+    # index alone: a larger 1-D draw holds this one as its prefix (engine/random_buckets)
+    elementwise_draw: bool = False
     # output shape depends on values: runs un-jitted. A callable decides per call, from
     # the op's bound arguments (index.Tensor: only when an index is a bool mask).
     dynamic_shape: bool | Callable[[list], bool] = False
@@ -55,6 +58,7 @@ def lower(
     *names: str,
     static_scalars: bool = False,
     random: bool = False,
+    elementwise_draw: bool = False,
     dynamic_shape: bool | Callable[[list], bool] = False,
     writes: tuple[str, ...] = (),
     contiguity: bool = False,
@@ -74,14 +78,15 @@ def lower(
             LOWERINGS[key] = Lowering(
                 key,
                 fn,
-                static_scalars,
-                random,
-                dynamic_shape,
-                writes,
-                contiguity,
-                skip_meta,
-                runtime_floats,
-                check,
+                static_scalars=static_scalars,
+                random=random,
+                elementwise_draw=elementwise_draw,
+                dynamic_shape=dynamic_shape,
+                writes=writes,
+                contiguity=contiguity,
+                skip_meta=skip_meta,
+                runtime_floats=runtime_floats,
+                check=check,
             )
         return fn
 
