@@ -1,0 +1,221 @@
+"""Random programs of views, in-place writes and reads, run on CPU and on tpu: every
+tensor alive must hold CPU's values at every read and at the end.
+
+Views share storages through offsets, strides, run-time offsets, donation and fused
+segments; a mistake in any of them is a silent wrong answer that an op-by-op test does
+not reach (it needs a write through one view and a read through another). The programs
+are drawn from a seeded generator, so a failure names the seed and step that repeat it.
+Values are small integers in float32 (and int64), so every sum is exact and a
+difference is a bug, not rounding.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+# CI runs these seeds in every eager mode; `-m slow` adds many more
+_CI_SEEDS = range(12)
+_SLOW_SEEDS = range(12, 200)
+_STEPS = 24
+
+
+class _Program:
+    """The same random decisions applied to CPU tensors and their tpu twins."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.live: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.log: list[str] = []
+
+    def add_base(self) -> None:
+        rng = self.rng
+        shape = [rng.randint(1, 6) for _ in range(rng.randint(1, 3))]
+        dtype = rng.choice([torch.float32, torch.float32, torch.int64])
+        generator = torch.Generator().manual_seed(rng.getrandbits(31))
+        cpu = torch.randint(-9, 10, shape, generator=generator).to(dtype)
+        self._keep(cpu, cpu.to("tpu"), f"base {shape} {dtype}")
+
+    def _keep(self, cpu: torch.Tensor, tpu: torch.Tensor, what: str) -> None:
+        self.live.append((cpu, tpu))
+        self.log.append(f"t{len(self.live) - 1} = {what}")
+
+    def _derive(self, fn, index: int, what: str) -> None:
+        """A new live pair fn(cpu), fn(tpu); where CPU refuses, tpu must refuse too."""
+        cpu, tpu = self.live[index]
+        try:
+            result = fn(cpu)
+        except (RuntimeError, IndexError) as error:
+            with pytest.raises(type(error)):
+                fn(tpu)
+            return
+        self._keep(result, fn(tpu), f"t{index}{what}")
+
+    def pick(self) -> tuple[int, torch.Tensor, torch.Tensor]:
+        index = self.rng.randrange(len(self.live))
+        return (index, *self.live[index])
+
+    def step(self) -> None:
+        kind = self.rng.choice(["view", "view", "write", "write", "write", "compute", "read"])
+        getattr(self, kind)()
+
+    # -------------------------------------------------------------- the steps
+
+    def view(self) -> None:
+        index, cpu, tpu = self.pick()
+        make = _view_maker(self.rng, cpu)
+        if make is None:
+            return
+        fn, what = make
+        self._derive(fn, index, what)
+
+    def write(self) -> None:
+        index, cpu, tpu = self.pick()
+        if 0 in cpu.stride() and cpu.numel() > 1:
+            return  # (an expanded view: CPU refuses writes; tests/test_error_contracts.py)
+        fn, what = _write_maker(self.rng, cpu, self.live)
+        if _overlaps_itself(cpu) and not what.startswith(_IDEMPOTENT):
+            return  # (undefined in PyTorch: docs/differences.md)
+        self.log.append(f"t{index}{what}")
+        try:
+            fn(cpu, 0)
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                fn(tpu, 1)
+            self.log.append("  (CPU and tpu refused)")
+            return
+        fn(tpu, 1)
+
+    def compute(self) -> None:
+        index, _, _ = self.pick()
+        fn, what = self.rng.choice(_COMPUTATIONS)
+        self._derive(fn, index, what)
+
+    def read(self) -> None:
+        index, cpu, tpu = self.pick()
+        self.log.append(f"read t{index}")
+        self.check(index, cpu, tpu)
+
+    def check(self, index: int, cpu: torch.Tensor, tpu: torch.Tensor) -> None:
+        # (values and shape: strides of elementwise results on permuted inputs may
+        # differ from CPU's, a documented gap in docs/differences.md)
+        assert tpu.shape == cpu.shape, self.story(index)
+        assert torch.equal(tpu.cpu(), cpu), self.story(index)
+
+    def check_all(self) -> None:
+        for index, (cpu, tpu) in enumerate(self.live):
+            self.check(index, cpu, tpu)
+
+    def story(self, index: int) -> str:
+        return f"seed {self.seed}, t{index} differs after:\n" + "\n".join(self.log)
+
+
+# writes whose result does not depend on how often a shared element is written
+_IDEMPOTENT = (".fill_", ".zero_", ".clamp_")
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of the view share memory (an unfold with overlapping windows):
+    CPU applies a write once per element, so a shared one is updated again and again in
+    its loop's order, which PyTorch leaves undefined (CUDA races)."""
+    if t.numel() < 2:
+        return False
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    places = torch.arange(span).as_strided(t.shape, t.stride())
+    return places.unique().numel() < t.numel()
+
+
+def _view_maker(rng: random.Random, t: torch.Tensor):
+    """A random view of t that is valid for its shape: (fn, description)."""
+    options = []
+    if t.dim() >= 1 and t.numel() > 0:
+        d = rng.randrange(t.dim())
+        size = t.shape[d]
+        start = rng.randrange(size)
+        stop = rng.randint(start, size)
+        step = rng.choice([1, 1, 2])
+        index = rng.randrange(size)
+        options += [
+            (lambda x: x.narrow(d, start, stop - start), f".narrow({d}, {start}, {stop - start})"),
+            (lambda x: x[(slice(None),) * d + (slice(start, stop, step),)],
+             f"[{':, ' * d}{start}:{stop}:{step}]"),
+            (lambda x: x.select(d, index), f".select({d}, {index})"),
+            (lambda x: x.unsqueeze(d), f".unsqueeze({d})"),
+            (lambda x: x.movedim(d, -1), f".movedim({d}, -1)"),
+        ]  # fmt: skip
+    if t.dim() >= 2:
+        a, b = rng.sample(range(t.dim()), 2)
+        options += [
+            (lambda x: x.transpose(a, b), f".transpose({a}, {b})"),
+            (lambda x: x.diagonal(0, a, b), f".diagonal(0, {a}, {b})"),
+        ]
+    if t.is_contiguous() and t.numel() > 0:
+        options.append((lambda x: x.view(-1), ".view(-1)"))
+        if t.numel() % 2 == 0:
+            options.append((lambda x: x.view(2, -1), ".view(2, -1)"))
+    if t.dim() >= 1 and t.shape[-1] >= 2:
+        options.append((lambda x: x.unfold(-1, 2, 1), ".unfold(-1, 2, 1)"))
+    if t.dim() >= 1 and 1 in t.shape:
+        options.append((lambda x: x.squeeze(), ".squeeze()"))
+    if t.dim() <= 2:
+        options.append((lambda x: x.expand(2, *x.shape), f".expand(2, {list(t.shape)})"))
+    return rng.choice(options) if options else None
+
+
+def _write_maker(rng: random.Random, t: torch.Tensor, live: list):
+    """A random in-place write into t: (fn(tensor, 0 for CPU / 1 for tpu), description)."""
+    value = rng.randint(-4, 4)
+    same_shape = [k for k, (c, _) in enumerate(live) if c.shape == t.shape and c.dtype == t.dtype]
+    options = [
+        (lambda x, d: x.add_(value), f".add_({value})"),
+        (lambda x, d: x.mul_(-1), ".mul_(-1)"),
+        (lambda x, d: x.fill_(value), f".fill_({value})"),
+        (lambda x, d: x.clamp_(-20, 20), ".clamp_(-20, 20)"),
+        (lambda x, d: x.zero_(), ".zero_()"),
+    ]
+    if t.dim() >= 1 and t.shape[0] > 0:
+        i = rng.randrange(t.shape[0])
+        options.append((lambda x, d: x.__setitem__(i, value), f"[{i}] = {value}"))
+        options.append(
+            (lambda x, d: x.masked_fill_(x > 0, value), f".masked_fill_(> 0, {value})")
+        )
+    if same_shape:
+        k = rng.choice(same_shape)
+        options.append((lambda x, d: x.copy_(live[k][d]), f".copy_(t{k})"))
+        options.append((lambda x, d: x.add_(live[k][d]), f".add_(t{k})"))
+    return rng.choice(options)
+
+
+_COMPUTATIONS = [
+    (lambda x: x + 1, " + 1"),
+    (lambda x: x * 2, " * 2"),
+    (lambda x: x.clone(), ".clone()"),
+    (lambda x: x.contiguous(), ".contiguous()"),
+    (lambda x: x.sum(-1), ".sum(dim=-1)"),
+    (lambda x: x.cumsum(0), ".cumsum(dim=0)"),
+    (lambda x: x.flip(0), ".flip(dim=0)"),
+    (lambda x: x.sum(), ".sum()"),
+]
+
+
+def _run(seed: int) -> None:
+    program = _Program(seed)
+    for _ in range(program.rng.randint(1, 3)):
+        program.add_base()
+    for _ in range(_STEPS):
+        program.step()
+    program.check_all()
+
+
+@pytest.mark.parametrize("seed", _CI_SEEDS)
+def test_a_random_view_program_matches_cpu(eager_mode, seed):
+    _run(seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", _SLOW_SEEDS)
+def test_many_random_view_programs_match_cpu(eager_mode, seed):
+    _run(seed)
