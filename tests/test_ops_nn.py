@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_same, assert_same_grad, no_fallback
+from conftest import assert_same, assert_same_error, assert_same_grad, no_fallback
 
 import torch_tpu
 from torch_tpu.ops.registry import LOWERINGS
@@ -215,6 +215,11 @@ LOSSES = {
     "bce_logits": lambda x, t: F.binary_cross_entropy_with_logits(x, torch.sigmoid(t)),
     "bce_logits_pos_weight": lambda x, t: F.binary_cross_entropy_with_logits(
         x, torch.sigmoid(t), pos_weight=torch.arange(1.0, 6, device=x.device)
+    ),
+    "multi_margin": lambda x, t: F.multi_margin_loss(x, t.argmax(1)),
+    "multi_margin_p2_weighted_none": lambda x, t: F.multi_margin_loss(
+        x, t.argmax(1), p=2, margin=0.7, weight=torch.arange(1.0, 6, device=x.device),
+        reduction="none",
     ),
 }
 
@@ -432,3 +437,118 @@ def test_nll_loss_takes_byte_targets_as_cpu_does():
         actual = F.nll_loss(logits.to("tpu").log_softmax(-1), target.to("tpu"),
                             reduction=reduction)
         torch.testing.assert_close(actual.cpu(), expected)
+
+
+NLL_REFUSALS = {
+    "float target": lambda d: F.nll_loss(torch.zeros(2, 3, device=d), torch.zeros(2, device=d)),
+    "int target": lambda d: F.nll_loss(
+        torch.zeros(2, 3, device=d), torch.zeros(2, dtype=torch.int32, device=d)
+    ),
+    "float target 2d": lambda d: F.nll_loss(
+        torch.zeros(2, 3, 4, 4, device=d), torch.zeros(2, 4, 4, device=d)
+    ),
+    "half weight": lambda d: F.nll_loss(
+        torch.zeros(2, 3, device=d),
+        torch.zeros(2, dtype=torch.long, device=d),
+        weight=torch.ones(3, dtype=torch.half, device=d),
+    ),
+    "double weight 2d": lambda d: F.nll_loss(
+        torch.zeros(2, 3, 4, 4, device=d),
+        torch.zeros(2, 4, 4, dtype=torch.long, device=d),
+        weight=torch.ones(3, dtype=torch.double, device=d),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", NLL_REFUSALS)
+def test_nll_loss_refuses_what_cpu_refuses(case):
+    """A float target raised gather()'s error from PyTorch's meta kernel instead of CPU's,
+    and a weight of another dtype than the input gave a loss where CPU refuses. Found by
+    PyTorch's test_modules (test_errors) on tpu."""
+    assert_same_error(NLL_REFUSALS[case])
+
+
+@pytest.mark.parametrize("shape", [(4,), (3, 4)])
+def test_max_pool2d_refuses_low_rank_input_as_cpu_does(shape):
+    """PyTorch's meta kernel raised IndexError for a 1-D or 2-D input; CPU raises
+    RuntimeError("non-empty 3D or 4D ..."). Found by PyTorch's test_modules on tpu."""
+    assert_same_error(lambda d: F.max_pool2d(torch.zeros(shape, device=d), 2))
+
+
+MULTI_MARGIN_REFUSALS = {
+    "target size": lambda d: F.multi_margin_loss(
+        torch.zeros(5, 10, device=d), torch.zeros(3, dtype=torch.long, device=d)
+    ),
+    "2-d target": lambda d: F.multi_margin_loss(
+        torch.zeros(5, 4, device=d), torch.zeros(5, 4, device=d)
+    ),
+    "empty classes": lambda d: F.multi_margin_loss(
+        torch.zeros(5, 0, device=d), torch.zeros(5, dtype=torch.long, device=d)
+    ),
+    "float target": lambda d: F.multi_margin_loss(
+        torch.zeros(5, 4, device=d), torch.zeros(5, device=d)
+    ),
+    "weight size": lambda d: torch.ops.aten.multi_margin_loss(
+        torch.zeros(5, 4, device=d), torch.zeros(5, dtype=torch.long, device=d), 1, 1,
+        torch.ones(5, device=d),
+    ),
+    "weight dtype": lambda d: torch.ops.aten.multi_margin_loss(
+        torch.zeros(5, 4, device=d), torch.zeros(5, dtype=torch.long, device=d), 1, 1,
+        torch.ones(4, dtype=torch.double, device=d),
+    ),
+    "p": lambda d: F.multi_margin_loss(
+        torch.zeros(5, 4, device=d), torch.zeros(5, dtype=torch.long, device=d), p=3
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MULTI_MARGIN_REFUSALS)
+def test_multi_margin_loss_refuses_what_cpu_refuses(case):
+    """PyTorch's meta kernel worded a wrong target size "inconsistent target size" and
+    failed a float target in a gather; tpu now raises CPU's errors. Found by PyTorch's
+    test_modules (test_errors) on tpu."""
+    assert_same_error(MULTI_MARGIN_REFUSALS[case])
+
+
+@pytest.mark.parametrize("shape, target", [((), ()), ((), (1,)), ((4,), ()), ((4,), (1,))])
+def test_multi_margin_loss_unbatched_shapes(shape, target):
+    """An unreduced loss has the target's shape: PyTorch's meta kernel gave a 0-d input
+    and target shape (1,) where CPU gives ()."""
+    x = torch.randn(shape)
+    t = torch.zeros(target, dtype=torch.long)
+    assert_same(lambda a, b: F.multi_margin_loss(a, b, reduction="none"), x, t)
+
+
+MULTILABEL_TARGETS = {
+    "ends at -1": ((3, 5), [[3, 0, -1, 1, 2], [1, 2, 3, 4, 0], [2, 2, -1, -1, -1]]),
+    "unbatched": ((5,), [4, 1, -1, 0, 0]),
+    "0-d": ((), 0),
+}
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("case", MULTILABEL_TARGETS)
+def test_multilabel_margin_loss_matches_cpu(case, reduction):
+    """PyTorch 2.13's decomposition (what tpu ran) counted the target slots after the -1
+    as class 0 (a silently wrong loss), and gave an unbatched unreduced loss shape (1,)
+    where CPU gives (). Found by PyTorch's test_modules on tpu."""
+    torch.manual_seed(0)
+    shape, target = MULTILABEL_TARGETS[case]
+    x, t = torch.randn(shape, dtype=torch.double), torch.tensor(target)
+    assert_same(lambda a, b: F.multilabel_margin_loss(a, b, reduction=reduction), x, t)
+    assert_same_grad(lambda a: F.multilabel_margin_loss(a, t.to(a.device), reduction=reduction), x)
+
+
+@pytest.mark.parametrize(
+    "shapes", [((5, 4), (5, 3)), ((4,), (3,)), ((5, 0), (5, 0)), ((2, 2, 2), (2, 2, 2))]
+)
+def test_multilabel_margin_loss_refuses_what_cpu_refuses(shapes):
+    x_shape, t_shape = shapes
+    assert_same_error(
+        lambda d: F.multilabel_margin_loss(
+            torch.zeros(x_shape, device=d), torch.zeros(t_shape, dtype=torch.long, device=d)
+        )
+    )
+    assert_same_error(
+        lambda d: F.multilabel_margin_loss(torch.zeros(5, 4, device=d), torch.zeros(5, 4, device=d))
+    )

@@ -16,9 +16,11 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from .. import dtypes, precision
+from .pointwise import scalar_type_name
 from .registry import lower
 
 _HALF = (jnp.bfloat16, jnp.float16)
@@ -515,7 +517,23 @@ def _nll_parts(self, target, weight, ignore_index):
     return class_axis, safe, jnp.where(valid, w, 0)
 
 
-@lower("nll_loss_forward.default", "nll_loss2d_forward.default")
+def _check_nll_loss(values: list) -> None:
+    """CPU's checks that PyTorch's meta kernel misses: a float target (meta fails in a
+    gather with another message) and a weight of another dtype than the input (meta
+    accepts it; tpu computed a loss CPU refuses)."""
+    self, target, weight = values[0], values[1], values[2]
+    if target.dtype not in (torch.long, torch.uint8):
+        raise RuntimeError(
+            f"expected target dtype to be Long or Byte, but got {scalar_type_name(target.dtype)}"
+        )
+    if weight is not None and weight.dtype != self.dtype:
+        raise RuntimeError(
+            f"expected scalar type {scalar_type_name(self.dtype)} "
+            f"but found {scalar_type_name(weight.dtype)}"
+        )
+
+
+@lower("nll_loss_forward.default", "nll_loss2d_forward.default", check=_check_nll_loss)
 def nll_loss_forward(self, target, weight, reduction, ignore_index):
     x = _up(self)
     axis, safe, w = _nll_parts(x, target, weight, ignore_index)
@@ -538,6 +556,108 @@ def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index
     classes = jnp.arange(self.shape[axis]).reshape((-1,) + (1,) * (self.ndim - axis - 1))
     hit = jnp.expand_dims(safe, axis) == classes
     return jnp.where(hit, jnp.expand_dims(-g * w, axis), 0)
+
+
+def _check_margin_input(self) -> None:
+    """The margin losses' input: a non-empty vector or matrix, or a 0-d tensor."""
+    if not (self.dim() == 0 or (self.dim() <= 2 and self.shape[-1] != 0)):
+        raise RuntimeError(
+            "Expected non-empty vector or matrix with optional 0-dim batch size, "
+            f"but got: {list(self.shape)}"
+        )
+
+
+def _check_scalar_type(t, dtype) -> None:
+    if t is not None and t.dtype != dtype:
+        raise RuntimeError(
+            f"expected scalar type {scalar_type_name(dtype)} but found {scalar_type_name(t.dtype)}"
+        )
+
+
+def _check_multi_margin_loss(values: list) -> None:
+    """CPU's checks, in CPU's order and words: PyTorch's meta kernel says "inconsistent
+    target size" and fails a float target in a gather."""
+    self, target, p, _, weight = values[:5]
+    if p not in (1, 2):
+        raise RuntimeError("only p == 1 and p == 2 supported")
+    _check_margin_input(self)
+    frames = self.shape[0] if self.dim() == 2 else 1
+    if target.dim() > 1 or target.numel() != frames:
+        raise RuntimeError(
+            "multi_margin_loss: target tensor should be 1-D with size equal to the number of "
+            f"input samples (batch size). Expected target size [{frames}], but got "
+            f"{list(target.shape)}. Input has shape {list(self.shape)}."
+        )
+    classes = self.shape[-1] if self.dim() else 1
+    if weight is not None and (weight.dim() > 1 or weight.numel() != classes):
+        raise RuntimeError(
+            f"inconsistent weight size, expected {classes} but got {list(weight.shape)}"
+        )
+    _check_scalar_type(target, torch.long)
+    _check_scalar_type(weight, self.dtype)
+
+
+@lower(
+    "multi_margin_loss.default",
+    static_scalars=True,
+    skip_meta=True,
+    check=_check_multi_margin_loss,
+)
+def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN):
+    """Each sample: the mean over the other classes of max(0, margin - x[y] + x[j])^p,
+    times weight[y]. The check does all of CPU's checks, so PyTorch's meta kernel is
+    skipped: it gives a 0-d input and target an unreduced loss of shape (1,), CPU ()."""
+    x = _up(self).reshape(-1, self.shape[-1] if self.ndim else 1)
+    y = target.reshape(-1, 1)
+    gap = jnp.maximum(margin - jnp.take_along_axis(x, y, 1) + x, 0)
+    hinge = gap if p == 1 else gap * gap
+    if weight is not None:
+        hinge = hinge * jnp.take(_up(weight).reshape(-1), y)
+    hinge = jnp.where(jnp.arange(x.shape[1]) == y, 0, hinge)
+    loss = (jnp.sum(hinge, 1) / x.shape[1]).reshape(target.shape)
+    return _reduce(loss, reduction).astype(self.dtype)
+
+
+def _check_multilabel_margin_loss(values: list) -> None:
+    """CPU's checks (the meta kernel is skipped, see the lowering)."""
+    self, target = values[0], values[1]
+    _check_margin_input(self)
+    batched = self.dim() == 2
+    fits = target.shape == self.shape if batched else target.numel() == self.numel()
+    if not fits or target.dim() > (2 if batched else 1):
+        raise RuntimeError(
+            f"inconsistent target size: {list(target.shape)} for input of size: "
+            f"{list(self.shape)}"
+        )
+    _check_scalar_type(target, torch.long)
+
+
+@lower(
+    "multilabel_margin_loss_forward.default",
+    skip_meta=True,
+    check=_check_multilabel_margin_loss,
+)
+def multilabel_margin_loss_forward(self, target, reduction):
+    """Each sample: over its listed classes t (the target's entries before the first
+    negative one) and the unlisted classes d, the sum of max(0, 1 - x[t] + x[d]), over the
+    number of classes. PyTorch 2.13's decomposition, which ran before, counted the slots
+    after the -1 as class 0, and its meta kernel gives an unbatched unreduced loss shape
+    (1,) where CPU gives ()."""
+    classes = self.shape[-1] if self.ndim else 1
+    x = _up(self).reshape(-1, classes)
+    y = target.reshape(x.shape)
+    listed = jnp.cumprod(y >= 0, axis=1).astype(jnp.bool_)
+    safe = jnp.where(listed, y, 0)
+    rows = jnp.arange(x.shape[0])[:, None]
+    is_target = jnp.zeros(x.shape, jnp.int32).at[rows, safe].add(listed.astype(jnp.int32)) > 0
+    picked = jnp.take_along_axis(x, safe, 1)
+    gap = jnp.maximum(1 - picked[:, :, None] + x[:, None, :], 0)
+    gap = jnp.where(listed[:, :, None] & ~is_target[:, None, :], gap, 0)
+    loss = jnp.sum(gap, (1, 2)) / classes
+    if reduction == 0 and target.ndim <= 1:
+        loss = loss.reshape(())
+    loss = _reduce(loss, reduction).astype(self.dtype)
+    return loss, is_target.astype(self.dtype).reshape(target.shape)
 
 
 @lower("mse_loss.default")
@@ -727,7 +847,14 @@ def _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, n):
     return jnp.max(views, axis=lead), indices.reshape(best.shape).astype(jnp.int64)
 
 
-@lower("max_pool2d_with_indices.default")
+def _check_max_pool2d(values: list) -> None:
+    """PyTorch's meta kernel indexes dim -3 before checking the rank: a 1-D or 2-D input
+    raised an IndexError where CPU raises this RuntimeError."""
+    if values[0].dim() not in (3, 4):
+        raise RuntimeError("non-empty 3D or 4D (batch mode) tensor expected for input")
+
+
+@lower("max_pool2d_with_indices.default", check=_check_max_pool2d)
 def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2)
 
