@@ -506,3 +506,25 @@ def test_cpu_only_modules_are_untouched_by_the_autoloaded_package():
     assert without.pop("wrapped") == "torch.nn.modules.module"
     assert with_package == without
     assert all(with_package[step][0] for step in ("float64", "cpu", "float32"))
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: nn.LazyLinear(4), lambda: nn.LazyConv1d(4, 3), lambda: nn.LazyBatchNorm1d()]
+)
+def test_lazy_module_moves_to_tpu_before_its_first_forward(make):
+    """`LazyLinear(4).to("tpu")` raised "Can't access the shape of an uninitialized
+    parameter" (the upload read `.shape`, which UninitializedParameter forbids); CPU and
+    CUDA move it, and the first forward materializes it on the device. Found by
+    PyTorch's test_modules on tpu."""
+    cpu = make()
+    tpu = make().to("tpu")
+    assert all(type(p) is nn.UninitializedParameter for p in tpu.parameters())
+    assert all(p.device.type == "tpu" for p in tpu.parameters())
+    x = torch.randn(2, 3, 5)
+    with torch.no_grad():
+        cpu(x)
+        tpu(x.to("tpu"))
+    for (name, p), (_, q) in zip(cpu.named_parameters(), tpu.named_parameters()):
+        assert q.device.type == "tpu" and q.shape == p.shape, name
+    tpu.load_state_dict(cpu.state_dict())
+    torch.testing.assert_close(tpu(x.to("tpu")).detach().cpu(), cpu(x).detach())

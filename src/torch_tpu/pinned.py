@@ -79,6 +79,8 @@ def to_copy(self: torch.Tensor, **kwargs) -> torch.Tensor:
     """tpu kernel of aten::_to_copy: PyTorch's own, except that a copy to pinned host
     memory (non_blocking to the CPU, or pin_memory=True) completes before returning
     into a buffer pinned here rather than by an allocator this backend cannot offer."""
+    if type(self) is not torch.Tensor:
+        self = _plain_tensor(self)
     device = kwargs.get("device")
     if _plain_upload(self, device, kwargs):
         from .engine import kernels
@@ -90,6 +92,14 @@ def to_copy(self: torch.Tensor, **kwargs) -> torch.Tensor:
         kwargs = {**kwargs, "non_blocking": False, "pin_memory": None}
     out = _original["_to_copy"].call_boxed(_PRIVATEUSE1, self, **kwargs)
     return pin(out) if pinned and out.layout == torch.strided else out
+
+
+def _plain_tensor(t: torch.Tensor) -> torch.Tensor:
+    """t as a plain Tensor: a subclass may override what this kernel reads (a lazy
+    module's UninitializedParameter raises on `.shape`, so `LazyLinear(4).to("tpu")`
+    failed where CPU and CUDA move it)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.as_subclass(torch.Tensor)
 
 
 def _plain_upload(self: torch.Tensor, device, kwargs: dict) -> bool:
