@@ -564,3 +564,29 @@ def test_inventory_reports_foreach_and_fused_as_lowered():
     ):  # fmt: skip
         assert KERNELS.get(name) in ("lowered", "derived"), name
     assert torch_tpu.ops.registry.LOWERINGS["_fused_adam.default"].runtime_floats
+
+
+_FOREACH_REFUSALS = {
+    "sub_true": lambda ts: torch._foreach_sub(ts, True),
+    "sub_scalar_list_with_true": lambda ts: torch._foreach_sub(ts, [1.0, True]),
+    "sub_in_place_true": lambda ts: torch._foreach_sub_([t.clone() for t in ts], True),
+    "add_bool_alpha": lambda ts: torch._foreach_add(ts, ts, alpha=True),
+    "add_complex_alpha": lambda ts: torch._foreach_add(ts, ts, alpha=1j),
+    "add_ints_float_alpha": lambda ts: torch._foreach_add(*[[t.long() for t in ts]] * 2, alpha=0.5),
+    "clamp_min_complex": lambda ts: torch._foreach_clamp_min(ts, 1j),
+    "maximum_complex_list": lambda ts: torch._foreach_maximum(ts, [1.0, 2j]),
+}
+
+
+@pytest.mark.parametrize("case", list(_FOREACH_REFUSALS), ids=str)
+def test_foreach_refuses_what_the_per_tensor_op_refuses(case):
+    """CPU's foreach kernels call the per-tensor op, whose argument checks (alpha's type,
+    subtracting a bool) tpu's foreach lowerings skipped: they computed an answer."""
+    fn = _FOREACH_REFUSALS[case]
+    tensors = [torch.ones(3), torch.ones(2, 2)]
+    with pytest.raises(RuntimeError) as cpu_error:
+        fn(tensors)
+    with pytest.raises(RuntimeError) as tpu_error:
+        fn(to_tpu(tensors))
+    assert type(tpu_error.value) is type(cpu_error.value)
+    assert str(tpu_error.value) == str(cpu_error.value)

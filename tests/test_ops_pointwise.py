@@ -707,3 +707,49 @@ def test_nextafter_in_half_precision(dtype, no_pointwise_fallback):
     _same_bits(torch.nextafter, torch.zeros(4, dtype=dtype),
                torch.tensor([1, -1, 0, inf], dtype=dtype))
     _same_bits(torch.nextafter, _half_values(dtype), _half_values(dtype).flip(0))
+
+
+_BOOL_SUBTRACTIONS = {
+    "sub_true": lambda x: torch.sub(x, True),
+    "minus_true": lambda x: x - True,
+    "true_minus": lambda x: True - x,
+    "rsub_false": lambda x: torch.rsub(x, False),
+    "sub_in_place_true": lambda x: x.clone().sub_(True),
+    "bool_minus_true": lambda x: x.bool() - True,
+}
+
+
+@pytest.mark.parametrize("case", list(_BOOL_SUBTRACTIONS), ids=str)
+def test_subtracting_a_python_bool_raises_as_cpu(case, no_pointwise_fallback):
+    """CPU refuses a bool operand of sub, a Python True included; the meta kernels look
+    at tensors only, and tpu subtracted True as 1."""
+    fn = _BOOL_SUBTRACTIONS[case]
+    with pytest.raises(RuntimeError) as cpu_error:
+        fn(torch.ones(3))
+    with pytest.raises(RuntimeError) as tpu_error:
+        fn(torch.ones(3, device="tpu"))
+    assert str(tpu_error.value) == str(cpu_error.value)
+
+
+_COMPLEX_CLAMPS = {
+    "clamp_min": lambda x: torch.clamp_min(x, 1 + 2j),
+    "clamp_max": lambda x: torch.clamp_max(x, 1j),
+    "clamp_max_zero_imag": lambda x: torch.clamp_max(x, 1 + 0j),
+    "clamp": lambda x: torch.clamp(x, 1j),
+    "clamp_upper": lambda x: torch.clamp(x, 0, 2j),
+    "clamp_int": lambda x: torch.clamp(x.int(), 1j),
+    "clamp_min_in_place": lambda x: x.clone().clamp_min_(1j),
+}
+
+
+@pytest.mark.parametrize("case", list(_COMPLEX_CLAMPS), ids=str)
+def test_clamp_refuses_complex_bounds_as_cpu(case, no_pointwise_fallback):
+    """PyTorch's meta kernels accept a complex bound on a real tensor; CPU refuses it,
+    and tpu returned a complex result."""
+    fn = _COMPLEX_CLAMPS[case]
+    with pytest.raises(RuntimeError) as cpu_error:
+        fn(torch.ones(3))
+    with pytest.raises(RuntimeError) as tpu_error:
+        fn(torch.ones(3, device="tpu"))
+    assert type(tpu_error.value) is type(cpu_error.value)
+    assert str(tpu_error.value) == str(cpu_error.value)

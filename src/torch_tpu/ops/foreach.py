@@ -20,6 +20,7 @@ the CPU, read on the host; again one tpu op per tensor).
 from __future__ import annotations
 
 import jax.numpy as jnp
+import torch
 
 from . import linalg, pointwise, reduction  # noqa: F401  (the per-tensor lowerings mapped here)
 from .registry import LOWERINGS, canonical, lower
@@ -29,22 +30,47 @@ from .registry import LOWERINGS, canonical, lower
 #   "=" the same value for every tensor (a Scalar, a 0-dim tensor, alpha).
 
 
+def _element_args(args, roles: str, i: int) -> list:
+    """The per-tensor op's arguments for the i-th tensor."""
+    return [value[i] if role in "LS" else value for value, role in zip(args, roles)]
+
+
 def _mapped(target: str, roles: str):
     """A foreach lowering applying `target`'s lowering to the i-th element of each list."""
     fn = LOWERINGS[canonical(target)].fn
     lead = roles.index("L")
 
     def lowering(*args):
-        def pick(value, role, i):
-            return value[i] if role in "LS" else value
-
-        return [
-            fn(*(pick(value, role, i) for value, role in zip(args, roles)))
-            for i in range(len(args[lead]))
-        ]
+        return [fn(*_element_args(args, roles, i)) for i in range(len(args[lead]))]
 
     lowering.__name__ = f"foreach_{target.split('.')[0]}"
     return lowering
+
+
+def _mapped_check(target: str, roles: str):
+    """`target`'s argument checks run on each tensor's arguments (None if it has none):
+    CPU's foreach kernels call the per-tensor op, so they refuse what it refuses (a
+    float alpha on integers, subtracting True), where tpu computed an answer."""
+    check = LOWERINGS[canonical(target)].check
+    if check is None:
+        return None
+    op_name, _, overload = canonical(target).partition(".")
+    schema = getattr(getattr(torch.ops.aten, op_name), overload)._schema
+    defaults = [a.default_value for a in schema.arguments]
+
+    def foreach_check(values: list) -> bool:
+        lists = [v for v, role in zip(values, roles) if role in "LS"]
+        count = min(len(v) for v in lists)  # (unequal lists: the meta kernel's error)
+        verdicts = [
+            check(_element_args(values, roles, i) + defaults[len(roles) :]) for i in range(count)
+        ]
+        return any(bool(v) for v in verdicts)
+
+    return foreach_check
+
+
+def _lower_mapped(name: str, target: str, roles: str) -> None:
+    lower(name, check=_mapped_check(target, roles))(_mapped(target, roles))
 
 
 _UNARY = (
@@ -52,7 +78,7 @@ _UNARY = (
     "log1p log2 neg reciprocal round rsqrt sigmoid sign sin sinh sqrt tan tanh trunc"
 ).split()
 for _name in _UNARY:
-    lower(f"_foreach_{_name}.default")(_mapped(f"{_name}.default", "L"))
+    _lower_mapped(f"_foreach_{_name}.default", f"{_name}.default", "L")
 
 # (foreach packet, per-tensor op for .List, for .Scalar/.ScalarList, for .Tensor)
 _BINARY = (
@@ -69,21 +95,21 @@ _BINARY = (
 )
 for _name, _list, _scalar, _tensor in _BINARY:
     alpha = "=" if _name in ("add", "sub") else ""  # add/sub's alpha on .List and .Tensor
-    lower(f"_foreach_{_name}.List")(_mapped(_list, "LL" + alpha))
-    lower(f"_foreach_{_name}.Scalar")(_mapped(_scalar, "L="))
-    lower(f"_foreach_{_name}.ScalarList")(_mapped(_scalar, "LS"))
+    _lower_mapped(f"_foreach_{_name}.List", _list, "LL" + alpha)
+    _lower_mapped(f"_foreach_{_name}.Scalar", _scalar, "L=")
+    _lower_mapped(f"_foreach_{_name}.ScalarList", _scalar, "LS")
     if _tensor is not None:
-        lower(f"_foreach_{_name}.Tensor")(_mapped(_tensor, "L=" + alpha))
+        _lower_mapped(f"_foreach_{_name}.Tensor", _tensor, "L=" + alpha)
 
-lower("_foreach_pow.ScalarAndTensor")(_mapped("pow.Scalar", "=L"))
+_lower_mapped("_foreach_pow.ScalarAndTensor", "pow.Scalar", "=L")
 for _name in ("addcmul", "addcdiv"):
-    lower(f"_foreach_{_name}.Scalar")(_mapped(f"{_name}.default", "LLL="))
-    lower(f"_foreach_{_name}.ScalarList")(_mapped(f"{_name}.default", "LLLS"))
-lower("_foreach_lerp.List")(_mapped("lerp.Tensor", "LLL"))
-lower("_foreach_lerp.Scalar")(_mapped("lerp.Scalar", "LL="))
-lower("_foreach_lerp.ScalarList")(_mapped("lerp.Scalar", "LLS"))
-lower("_foreach_max.default")(_mapped("max.default", "L"))
-lower("_foreach_mm.default")(_mapped("mm.default", "LL"))
+    _lower_mapped(f"_foreach_{_name}.Scalar", f"{_name}.default", "LLL=")
+    _lower_mapped(f"_foreach_{_name}.ScalarList", f"{_name}.default", "LLLS")
+_lower_mapped("_foreach_lerp.List", "lerp.Tensor", "LLL")
+_lower_mapped("_foreach_lerp.Scalar", "lerp.Scalar", "LL=")
+_lower_mapped("_foreach_lerp.ScalarList", "lerp.Scalar", "LLS")
+_lower_mapped("_foreach_max.default", "max.default", "L")
+_lower_mapped("_foreach_mm.default", "mm.default", "LL")
 
 
 @lower("_foreach_zero.default")

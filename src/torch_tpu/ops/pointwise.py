@@ -181,13 +181,36 @@ def add(self, other, alpha=1):
     return a + b * _like(alpha, b, _common_dtype(Promo.DEFAULT, self, other))
 
 
-@lower("sub.Tensor", "sub.Scalar", check=_check_alpha)
+def _is_bool(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dtype == torch.bool
+    return isinstance(value, bool)
+
+
+def _check_sub(values: list) -> bool:
+    """CPU refuses to subtract with a bool operand, a Python True or False included
+    (the meta kernels look at tensors only: tpu subtracted True as 1); then alpha's checks."""
+    self_bool, other_bool = _is_bool(values[0]), _is_bool(values[1])
+    if self_bool and other_bool:
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with two bool tensors is not supported. "
+            "Use the `^` or `logical_xor()` operator instead."
+        )
+    if self_bool or other_bool:
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. "
+            "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead."
+        )
+    return _check_alpha(values)
+
+
+@lower("sub.Tensor", "sub.Scalar", check=_check_sub)
 def sub(self, other, alpha=1):
     a, b = _cast(Promo.DEFAULT, self, other)
     return a - b * _like(alpha, b, _common_dtype(Promo.DEFAULT, self, other))
 
 
-@lower("rsub.Tensor", "rsub.Scalar", check=_check_alpha)
+@lower("rsub.Tensor", "rsub.Scalar", check=_check_sub)
 def rsub(self, other, alpha=1):
     return sub(other, self, alpha)
 
@@ -740,9 +763,27 @@ lower("fmin.default")(_binary(jnp.fmin, Promo.NO_OPMATH))  # NaN ignored
 lower("fmax.default")(_binary(jnp.fmax, Promo.NO_OPMATH))
 
 
+_COMPLEX_CLAMP = "clamp is not supported for complex types"
+
+
 def _check_clamp(values: list) -> None:
-    if values[1] is None and values[2] is None:  # (PyTorch's meta raises ValueError)
+    """CPU's refusals of missing and complex bounds (PyTorch's meta kernels raise
+    ValueError for the first and accept the second: tpu clamped in complex)."""
+    if values[1] is None and values[2] is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    bounds = [b for b in values[1:3] if isinstance(b, complex)]
+    if not bounds:
+        return
+    if not values[0].is_floating_point():
+        raise NotImplementedError(_COMPLEX_CLAMP)
+    if any(b.imag for b in bounds):  # (CPU reads a float self's bounds as doubles)
+        raise RuntimeError("value cannot be converted to type double without overflow")
+
+
+def _check_one_sided_clamp(values: list) -> None:
+    """CPU refuses a complex bound, which PyTorch's meta kernels accept."""
+    if isinstance(values[1], complex):
+        raise NotImplementedError(_COMPLEX_CLAMP)
 
 
 @lower("clamp.default", "clamp.Tensor", check=_check_clamp)
@@ -756,12 +797,12 @@ def clamp(self, min=None, max=None):
     return x
 
 
-@lower("clamp_min.default", "clamp_min.Tensor")
+@lower("clamp_min.default", "clamp_min.Tensor", check=_check_one_sided_clamp)
 def clamp_min(self, min):
     return clamp(self, min, None)
 
 
-@lower("clamp_max.default", "clamp_max.Tensor")
+@lower("clamp_max.default", "clamp_max.Tensor", check=_check_one_sided_clamp)
 def clamp_max(self, max):
     return clamp(self, None, max)
 
