@@ -753,3 +753,13 @@ def test_clamp_refuses_complex_bounds_as_cpu(case, no_pointwise_fallback):
         fn(torch.ones(3, device="tpu"))
     assert type(tpu_error.value) is type(cpu_error.value)
     assert str(tpu_error.value) == str(cpu_error.value)
+
+
+def test_complex_zero_to_a_complex_power_is_zero(no_pointwise_fallback):
+    """0 ** z with Re(z) > 0 is 0 on CPU; XLA's complex power gave NaN (foreach pow of
+    a bool list with a complex exponent showed it)."""
+    base = torch.tensor([0j, 1 + 0j, 2j, -3 + 1j], dtype=torch.complex64)
+    exponents = torch.tensor([0.9 + 0.05j, 3 + 4.5j, 0.5 - 2j, 2 + 0j], dtype=torch.complex64)
+    assert_same(torch.pow, base, exponents, atol=1e-5, rtol=1e-5)
+    assert_same(lambda b: torch.pow(b, 3 + 4.5j), base, atol=1e-5, rtol=1e-5)
+    assert_same(lambda b: torch._foreach_pow([b, b.real.bool()], 0.9 + 0.05j), base)

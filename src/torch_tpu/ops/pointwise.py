@@ -304,7 +304,16 @@ def _int_power(base, exponent):
 def _power(base, exponent):
     if _is_int(base):
         return _int_power(base, exponent)
+    if _is_complex(base):
+        return _complex_power(base, exponent)
     return jnp.power(base, exponent)
+
+
+def _complex_power(base, exponent):
+    """0 ** z is 0 where z's real part is positive, as on CPU (XLA's complex power
+    gave NaN for a complex exponent)."""
+    power = jnp.power(base, exponent)
+    return jnp.where((base == 0) & (jnp.real(exponent) > 0), jnp.zeros_like(power), power)
 
 
 lower("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")(_binary(_power))
