@@ -162,6 +162,7 @@ def _view_maker(rng: random.Random, t: torch.Tensor):
         options.append((lambda x: x.squeeze(), ".squeeze()"))
     if t.dim() <= 2:
         options.append((lambda x: x.expand(2, *x.shape), f".expand(2, {list(t.shape)})"))
+    options.append((lambda x: x.detach(), ".detach()"))
     return rng.choice(options) if options else None
 
 
@@ -182,11 +183,23 @@ def _write_maker(rng: random.Random, t: torch.Tensor, live: list):
         options.append(
             (lambda x, d: x.masked_fill_(x > 0, value), f".masked_fill_(> 0, {value})")
         )
+    if t.dim() >= 1 and t.shape[0] > 0:
+        rows = sorted({rng.randrange(t.shape[0]) for _ in range(2)})
+        options += [
+            (lambda x, d: x.__setitem__(_index(rows, d), value), f"[tensor({rows})] = {value}"),
+            (lambda x, d: x.index_add_(0, _index(rows, d), torch.ones_like(x[rows])),
+             f".index_add_(0, tensor({rows}), ones)"),
+        ]  # fmt: skip
     if same_shape:
         k = rng.choice(same_shape)
         options.append((lambda x, d: x.copy_(live[k][d]), f".copy_(t{k})"))
         options.append((lambda x, d: x.add_(live[k][d]), f".add_(t{k})"))
+        options.append((lambda x, d: torch.sub(live[k][d], 1, out=x), f" = sub(t{k}, 1, out=)"))
     return rng.choice(options)
+
+
+def _index(rows: list[int], device_index: int) -> torch.Tensor:
+    return torch.tensor(rows, device=("cpu", "tpu")[device_index])
 
 
 _COMPUTATIONS = [
@@ -198,6 +211,8 @@ _COMPUTATIONS = [
     (lambda x: x.cumsum(0), ".cumsum(dim=0)"),
     (lambda x: x.flip(0), ".flip(dim=0)"),
     (lambda x: x.sum(), ".sum()"),
+    (lambda x: torch.where(x > 0, x, -x), ".abs() by where"),
+    (lambda x: x[x > 1], "[> 1]"),
 ]
 
 
