@@ -763,3 +763,34 @@ def test_complex_zero_to_a_complex_power_is_zero(no_pointwise_fallback):
     assert_same(torch.pow, base, exponents, atol=1e-5, rtol=1e-5)
     assert_same(lambda b: torch.pow(b, 3 + 4.5j), base, atol=1e-5, rtol=1e-5)
     assert_same(lambda b: torch._foreach_pow([b, b.real.bool()], 0.9 + 0.05j), base)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("op", [torch.addcmul, torch.addcdiv], ids=lambda op: op.__name__)
+def test_addcmul_addcdiv_refuse_a_complex_value_for_a_real_result(op, dtype, no_pointwise_fallback):
+    """CPU reads `value` in the result's type and refuses an imaginary part; tpu dropped
+    it (also through _foreach_addcmul)."""
+    def call(device):
+        x = torch.ones(3, dtype=dtype, device=device)
+        return op(x, x.float(), x.float() + 1, value=0.5 + 1j)
+
+    with pytest.raises(RuntimeError) as cpu_error:
+        call("cpu")
+    with pytest.raises(RuntimeError) as tpu_error:
+        call("tpu")
+    assert str(tpu_error.value) == str(cpu_error.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_integer_addcdiv_raises_cpu_message(dtype, no_pointwise_fallback):
+    """PyTorch's meta kernel gives the message as a tuple's repr."""
+    def call(device):
+        x = torch.ones(3, device=device)
+        t = torch.ones(3, dtype=dtype, device=device)
+        return torch.addcdiv(x, t, t, value=2)
+
+    with pytest.raises(RuntimeError) as cpu_error:
+        call("cpu")
+    with pytest.raises(RuntimeError) as tpu_error:
+        call("tpu")
+    assert str(tpu_error.value) == str(cpu_error.value)

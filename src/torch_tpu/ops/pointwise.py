@@ -343,13 +343,51 @@ def ldexp(self, other):
     return jnp.multiply(*_cast(Promo.DEFAULT, self, power, exact_other=True))
 
 
-@lower("addcmul.default")
+# the C++ type CPU reads addcmul's and addcdiv's `value` as, per result dtype
+_VALUE_TYPES = {
+    torch.float64: "double", torch.int64: "int64_t", torch.int32: "int",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
+}
+
+
+def _check_complex_value(values: list) -> None:
+    """CPU refuses a complex `value` with an imaginary part for a real result; tpu
+    dropped the imaginary part."""
+    value = values[3]
+    if not isinstance(value, complex) or not value.imag:
+        return
+    _, dtype = elementwise_dtypes(*values[:3], type_promotion_kind=Promo.DEFAULT)
+    if not dtype.is_complex and dtype != torch.bool:
+        c_type = _VALUE_TYPES.get(dtype, "float")  # (half floats compute in float)
+        raise RuntimeError(f"value cannot be converted to type {c_type} without overflow")
+
+
+@lower("addcmul.default", check=_check_complex_value)
 def addcmul(self, tensor1, tensor2, value=1):
     s, a, b = _cast(Promo.DEFAULT, self, tensor1, tensor2)
     return s + _like(value, s) * a * b
 
 
-@lower("addcdiv.default")
+_INTEGER_ADDCDIV = (
+    "Integer division with addcdiv is no longer supported, and in a future  release addcdiv "
+    "will perform a true division of tensor1 and tensor2. The historic addcdiv behavior can "
+    "be implemented as (input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for "
+    "integer inputs and as (input + value * tensor1 / tensor2) for float inputs. The future "
+    "addcdiv behavior is just the latter implementation: (input + value * tensor1 / tensor2), "
+    "for all dtypes."
+)
+
+
+def _check_addcdiv(values: list) -> None:
+    """CPU's message for integer division (PyTorch's meta kernel words it as the repr of
+    a tuple), then the complex value's check."""
+    if not values[1].is_floating_point() and not values[1].is_complex():
+        if not values[2].is_floating_point() and not values[2].is_complex():
+            raise RuntimeError(_INTEGER_ADDCDIV)
+    _check_complex_value(values)
+
+
+@lower("addcdiv.default", check=_check_addcdiv)
 def addcdiv(self, tensor1, tensor2, value=1):
     s, a, b = _cast(Promo.DEFAULT, self, tensor1, tensor2)
     return s + _like(value, s) * (a / b)
