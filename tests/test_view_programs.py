@@ -25,19 +25,27 @@ _STEPS = 24
 class _Program:
     """The same random decisions applied to CPU tensors and their tpu twins."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, grad: bool = False) -> None:
         self.rng = random.Random(seed)
         self.seed = seed
+        self.grad = grad  # bases are leaves requiring grad; the end runs backward
         self.live: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.leaves: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.log: list[str] = []
 
     def add_base(self) -> None:
         rng = self.rng
         shape = [rng.randint(1, 6) for _ in range(rng.randint(1, 3))]
-        dtype = rng.choice([torch.float32, torch.float32, torch.int64])
+        dtypes = [torch.float32] if self.grad else [torch.float32, torch.float32, torch.int64]
+        dtype = rng.choice(dtypes)
         generator = torch.Generator().manual_seed(rng.getrandbits(31))
         cpu = torch.randint(-9, 10, shape, generator=generator).to(dtype)
-        self._keep(cpu, cpu.to("tpu"), f"base {shape} {dtype}")
+        tpu = cpu.to("tpu")
+        if self.grad:  # (a leaf's in-place writes are refused: the program works on a copy)
+            leaf = (cpu.requires_grad_(), tpu.requires_grad_())
+            self.leaves.append(leaf)
+            cpu, tpu = leaf[0] * 1, leaf[1] * 1
+        self._keep(cpu, tpu, f"base {shape} {dtype}")
 
     def _keep(self, cpu: torch.Tensor, tpu: torch.Tensor, what: str) -> None:
         self.live.append((cpu, tpu))
@@ -108,6 +116,25 @@ class _Program:
     def check_all(self) -> None:
         for index, (cpu, tpu) in enumerate(self.live):
             self.check(index, cpu, tpu)
+
+    def check_gradients(self) -> None:
+        """Backward through everything alive, weighted per element; the leaves' gradients
+        must be CPU's (or both refuse: a value saved for backward written in place)."""
+        losses = [_weighted_sum(cpu, tpu) for cpu, tpu in self.live if cpu.requires_grad]
+        if not losses:
+            return
+        self.log.append("backward")
+        try:
+            sum(cpu for cpu, _ in losses).backward()
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                sum(tpu for _, tpu in losses).backward()
+            return
+        sum(tpu for _, tpu in losses).backward()
+        for index, (cpu, tpu) in enumerate(self.leaves):
+            assert (cpu.grad is None) == (tpu.grad is None), self.story(index)
+            if cpu.grad is not None:
+                assert torch.equal(tpu.grad.cpu(), cpu.grad), f"leaf {self.story(index)}"
 
     def story(self, index: int) -> str:
         return f"seed {self.seed}, t{index} differs after:\n" + "\n".join(self.log)
@@ -216,13 +243,20 @@ _COMPUTATIONS = [
 ]
 
 
-def _run(seed: int) -> None:
-    program = _Program(seed)
+def _weighted_sum(cpu: torch.Tensor, tpu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    weights = (torch.arange(cpu.numel()) % 5 - 2).float().reshape(cpu.shape)
+    return (cpu * weights).sum(), (tpu * weights.to("tpu")).sum()
+
+
+def _run(seed: int, grad: bool = False) -> None:
+    program = _Program(seed, grad)
     for _ in range(program.rng.randint(1, 3)):
         program.add_base()
     for _ in range(_STEPS):
         program.step()
     program.check_all()
+    if grad:
+        program.check_gradients()
 
 
 @pytest.mark.parametrize("seed", _CI_SEEDS)
@@ -234,3 +268,16 @@ def test_a_random_view_program_matches_cpu(eager_mode, seed):
 @pytest.mark.parametrize("seed", _SLOW_SEEDS)
 def test_many_random_view_programs_match_cpu(eager_mode, seed):
     _run(seed)
+
+
+@pytest.mark.parametrize("seed", _CI_SEEDS)
+def test_a_random_view_program_differentiates_as_cpu(eager_mode, seed):
+    """The same programs on leaves requiring grad, then backward: autograd's view and
+    in-place machinery (CopySlices, version counters) over tpu's views."""
+    _run(seed, grad=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", _SLOW_SEEDS)
+def test_many_random_view_programs_differentiate_as_cpu(eager_mode, seed):
+    _run(seed, grad=True)
