@@ -590,3 +590,28 @@ def test_foreach_refuses_what_the_per_tensor_op_refuses(case):
         fn(to_tpu(tensors))
     assert type(tpu_error.value) is type(cpu_error.value)
     assert str(tpu_error.value) == str(cpu_error.value)
+
+
+_FOREACH_IN_PLACE_CASTS = {
+    "ints_mul_float": lambda d: torch._foreach_mul_([torch.tensor([3, 5], device=d)], 0.5),
+    "ints_mul_float_list": lambda d: torch._foreach_mul_([torch.tensor([3, 5], device=d)], [0.5]),
+    "floats_add_complex": lambda d: torch._foreach_add_([torch.ones(2, device=d)], 1 + 2j),
+    "mixed_mul_float": lambda d: torch._foreach_mul_(
+        [torch.ones(2, device=d), torch.tensor([3, 5], device=d)], 0.5
+    ),
+    "ints_div_ints": lambda d: torch._foreach_div_(
+        [torch.tensor([3, 5], device=d)], [torch.tensor([2, 2], device=d)]
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_FOREACH_IN_PLACE_CASTS))
+def test_foreach_in_place_result_must_cast_to_each_target(case):
+    """CPU's rule that an in-place result must cast to self, for each tensor of a foreach
+    list (tpu truncated `_foreach_mul_(ints, 0.5)` and dropped imaginary parts)."""
+    fn = _FOREACH_IN_PLACE_CASTS[case]
+    with pytest.raises(RuntimeError) as cpu_error:
+        fn("cpu")
+    with pytest.raises(RuntimeError) as tpu_error:
+        fn("tpu")
+    assert str(tpu_error.value) == str(cpu_error.value)

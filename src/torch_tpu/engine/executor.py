@@ -554,15 +554,23 @@ def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:
     for result, target in zip(results, spec.targets):
         out = None if target is None else meta_values[target]
         if isinstance(out, torch.Tensor) and isinstance(result, torch.Tensor):
-            if not torch.can_cast(result.dtype, out.dtype):
-                raise RuntimeError(
-                    f"result type {scalar_type_name(result.dtype)} can't be cast to the desired "
-                    f"output type {scalar_type_name(out.dtype)}"
-                )
+            _check_result_casts(result, out)
             dtypes_out.append(dtypes.TORCH_TO_JAX.get(result.dtype))  # (None: named later)
         else:
+            if isinstance(out, list) and isinstance(result, list):  # foreach targets
+                for each_result, each_out in zip(result, out):
+                    _check_result_casts(each_result, each_out)
             dtypes_out.append(None)
     return tuple(dtypes_out)
+
+
+def _check_result_casts(result: torch.Tensor, out: torch.Tensor) -> None:
+    """CPU's rule: an out= or in-place target must hold the result's dtype."""
+    if not torch.can_cast(result.dtype, out.dtype):
+        raise RuntimeError(
+            f"result type {scalar_type_name(result.dtype)} can't be cast to the desired "
+            f"output type {scalar_type_name(out.dtype)}"
+        )
 
 
 def _signature(spec: OpSpec, layout: tuple) -> list:
