@@ -139,6 +139,7 @@ class Storage:
 _ZEROS: dict = {}  # (shape, dtype) -> the zeros executable
 _SHARED_ZEROS: dict = {}  # (shape, dtype) -> one zeros array, for small storages
 _SHARED_ZEROS_MAX = 1 << 16  # elements: sharing bigger arrays would pin their memory
+_NUMPY_MAX_DIMS = 32  # (numpy 1's limit; PyTorch allows 64 dims)
 cache.on_clear(_ZEROS.clear)
 cache.on_clear(_SHARED_ZEROS.clear)
 
@@ -153,7 +154,7 @@ def _zeros(shape: tuple, dtype):
     shared = _SHARED_ZEROS.get(key)
     if shared is not None:
         return shared
-    if math.prod(shape) <= _SHARED_ZEROS_MAX:
+    if math.prod(shape) <= _SHARED_ZEROS_MAX and len(shape) <= _NUMPY_MAX_DIMS:
         if len(_SHARED_ZEROS) > 1024:
             _SHARED_ZEROS.clear()
         value = _SHARED_ZEROS[key] = platform.put(np.zeros(shape, dtype))
