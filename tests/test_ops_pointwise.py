@@ -794,3 +794,37 @@ def test_integer_addcdiv_raises_cpu_message(dtype, no_pointwise_fallback):
     with pytest.raises(RuntimeError) as tpu_error:
         call("tpu")
     assert str(tpu_error.value) == str(cpu_error.value)
+
+
+_INF, _NAN = float("inf"), float("nan")
+_COMPLEX_EXTREMES = [
+    complex(a, b)
+    for a in (0.0, -0.0, 1.0, -2.5, _INF, -_INF, _NAN, 1e20)
+    for b in (0.0, -0.0, 1.0, -2.5, _INF, -_INF, _NAN, 1e20)
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("op", [torch.exp, torch.exp2], ids=lambda op: op.__name__)
+def test_complex_exp_at_infinities_is_cpus(op, dtype, no_pointwise_fallback):
+    """exp(+-inf + i*inf/nan) is inf + nan j / 0 + 0j on CPU; XLA gave NaN in both parts,
+    and exp2's complex product with ln 2 turned inf * 0 into NaN (exp2(inf + 0j))."""
+    z = torch.tensor(_COMPLEX_EXTREMES, dtype=dtype)
+    assert_same(lambda t: torch.view_as_real(op(t)), z, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_abs_with_an_infinite_part_is_inf(dtype, no_pointwise_fallback):
+    """|inf + nan j| is inf on CPU (hypot); XLA's complex abs gave NaN."""
+    assert_same(torch.abs, torch.tensor(_COMPLEX_EXTREMES, dtype=dtype))
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32]
+)
+def test_exp2_of_integers_is_an_exact_power_of_two(dtype, no_pointwise_fallback):
+    """XLA's exp2 missed exact powers of two (exp2(34.) in float32 was 17179887616)."""
+    x = torch.arange(-60, 61).to(dtype)
+    assert_same(torch.exp2, x, atol=0, rtol=0)
+    values = torch.tensor([_INF, -_INF, _NAN, 0.0, -0.0, 1e30, -1e30, 0.5, -7.25, 100.3])
+    assert_same(torch.exp2, values.to(dtype) if dtype.is_floating_point else values)

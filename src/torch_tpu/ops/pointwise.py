@@ -485,7 +485,18 @@ def scalar_type_name(dtype: torch.dtype) -> str:
 
 lower("neg.default", check=_same_dtype_out)(_unary(jnp.negative, Promo.DEFAULT))
 lower("_neg_view.default")(_unary(jnp.negative, Promo.DEFAULT))
-lower("abs.default")(_unary(jnp.abs, Promo.DEFAULT))
+
+
+def _abs(x):
+    """|x|; a complex value with an infinite part is inf even when the other part is
+    NaN, as CPU's hypot gives (XLA's complex abs says NaN)."""
+    if not jnp.iscomplexobj(x):
+        return jnp.abs(x)
+    infinite = jnp.isinf(x.real) | jnp.isinf(x.imag)
+    return jnp.where(infinite, jnp.inf, jnp.abs(x)).astype(x.real.dtype)
+
+
+lower("abs.default")(_unary(_abs, Promo.DEFAULT))
 lower("sign.default")(_unary(_sign, Promo.DEFAULT))
 lower("sgn.default")(_unary(_sgn, Promo.DEFAULT))
 lower("floor.default")(_unary(_keep_ints(jnp.floor), Promo.DEFAULT))
@@ -578,9 +589,46 @@ def _spherical_bessel_j0(x):
     return jnp.where(jnp.isinf(x), 0, value)
 
 
+def _exp(z):
+    """exp; for complex z with an infinite real part and an infinite or NaN imaginary
+    part, CPU's values (C99's: +inf gives inf + nan j, -inf gives 0 + 0j), where XLA
+    gives NaN in both parts."""
+    if not jnp.iscomplexobj(z):
+        return jnp.exp(z)
+    a, b = z.real, z.imag
+    value = jnp.exp(z)
+    unbounded = ~jnp.isfinite(b)
+    up = (a == jnp.inf) & unbounded
+    down = (a == -jnp.inf) & unbounded
+    zero = jnp.zeros_like(a)
+    real = jnp.where(up, jnp.inf, jnp.where(down, zero, value.real))
+    vanishing = jnp.where(jnp.isnan(b), zero, jnp.copysign(zero, b))
+    imag = jnp.where(up, jnp.nan, jnp.where(down, vanishing, value.imag))
+    return lax.complex(real, imag)
+
+
+def _real_exp2(x):
+    """2**x as 2**f * 2**n with n = round(x): XLA's exp2 misses exact powers of two
+    (exp2(34.) in float32 was 17179887616); here an integer x gives 2**n exactly.
+    float16/bfloat16 are computed in float32, as CPU does."""
+    wide = x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
+    n = jnp.clip(jnp.round(wide), -2200, 2200)
+    scaled = jnp.ldexp(jnp.exp2(wide - n), jnp.where(jnp.isfinite(n), n, 0).astype(jnp.int32))
+    return jnp.where(jnp.isfinite(wide), scaled, jnp.exp2(wide)).astype(x.dtype)
+
+
+def _exp2(z):
+    """2**z; complex z is scaled by ln 2 part by part (a complex product would turn
+    inf * 0 into NaN), then goes through _exp."""
+    if not jnp.iscomplexobj(z):
+        return _real_exp2(z)
+    ln2 = math.log(2)
+    return _exp(lax.complex(z.real * ln2, z.imag * ln2))
+
+
 _FLOAT_FUNCTIONS = {
-    "exp": jnp.exp,
-    "exp2": jnp.exp2,
+    "exp": _exp,
+    "exp2": _exp2,
     "expm1": jnp.expm1,
     "log": jnp.log,
     "log2": jnp.log2,
