@@ -68,6 +68,21 @@ def assert_same_outcome(fn):
         torch.testing.assert_close(_outcome(fn, "tpu"), expected, equal_nan=True)
 
 
+def count_compiles(monkeypatch) -> list:
+    """From now on, the name of every program the compilation cache is asked for."""
+    from torch_tpu import cache
+
+    programs = []
+    compile_program = cache.compile
+
+    def counting(*args, **kwargs):
+        programs.append(kwargs.get("name"))
+        return compile_program(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "compile", counting)
+    return programs
+
+
 def _check_device(value):
     if isinstance(value, torch.Tensor):
         assert value.device.type == "tpu", f"result is on {value.device}, not tpu"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import to_cpu, to_tpu
+from conftest import count_compiles, to_cpu, to_tpu
 from torch import nn
 
 import torch_tpu
@@ -176,8 +176,6 @@ def test_a_loop_over_rows_compiles_the_graph_once(monkeypatch):
     """An input's storage offset is passed to the graph's program at run time: a compiled
     step called on `x[i]` in a loop (a recurrence over time steps) compiled one program
     per i; the graph's in-place write into its row lands there too."""
-    from torch_tpu import cache
-
     def step(row, h):
         row.mul_(0.5)  # an input mutation at the row's offset
         return torch.tanh(row @ h + 1)
@@ -188,14 +186,7 @@ def test_a_loop_over_rows_compiles_the_graph_once(monkeypatch):
     tx, th = x.to("tpu"), h.to("tpu")
     for i in range(2):  # warm up
         h, th = step(x[i], h), compiled(tx[i], th)
-    programs = []
-    compile_program = cache.compile
-
-    def counting(*args, **kwargs):
-        programs.append(kwargs.get("name"))
-        return compile_program(*args, **kwargs)
-
-    monkeypatch.setattr(cache, "compile", counting)
+    programs = count_compiles(monkeypatch)
     for i in range(2, 10):
         h, th = step(x[i], h), compiled(tx[i], th)
     assert programs == []

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import count_compiles
 
 import torch_tpu
 
@@ -263,16 +264,7 @@ def test_new_sizes_in_one_bucket_compile_the_random_op_once(monkeypatch):
     """Sizes never seen before (a test's tensors, data-dependent sizes) compile only a copy
     each: the random op's program (its threefry generator compiles 3-5x slower than an
     add) is compiled for the first size and for the bucket, not for every size."""
-    from torch_tpu import cache
-
-    programs = []
-    compile_program = cache.compile
-
-    def counting(fn, example_args, **kwargs):
-        programs.append(kwargs.get("name"))
-        return compile_program(fn, example_args, **kwargs)
-
-    monkeypatch.setattr(cache, "compile", counting)
+    programs = count_compiles(monkeypatch)
     torch.manual_seed(0)
     sizes = [(33, 3), (101,), (7, 7, 2), (120,), (5, 21)]  # all in (65, 128]
     with torch.tpu.set_eager_mode("strict"):

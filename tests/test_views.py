@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import count_compiles
 
 # Every test runs in debug, strict and fused eager mode (conftest.eager_mode).
 pytestmark = pytest.mark.usefixtures("eager_mode")
@@ -249,21 +250,12 @@ def _column_loop(x):
 def test_a_loop_over_columns_compiles_once_per_op(monkeypatch, eager_mode):
     """Strided views spanning few storage elements take run-time offsets too: a loop
     over a small matrix's columns compiled a program per column."""
-    from torch_tpu import cache
-
     width = {"debug": 7, "strict": 8, "fused": 9}[eager_mode]
     cpu = torch.arange(4.0 * width).reshape(4, width)
     cpu[2, 3] = 100.0
     tpu = cpu.to("tpu")
     _column_loop(tpu[:, :3])  # warm up
-    programs = []
-    compile_program = cache.compile
-
-    def counting(fn, example_args, **kwargs):
-        programs.append(kwargs.get("name"))
-        return compile_program(fn, example_args, **kwargs)
-
-    monkeypatch.setattr(cache, "compile", counting)
+    programs = count_compiles(monkeypatch)
     assert _column_loop(tpu) == _column_loop(cpu)
     assert programs == []
 
@@ -272,21 +264,12 @@ def test_a_loop_over_rows_compiles_once_per_op(monkeypatch, eager_mode):
     """A view's storage offset is passed to the program at run time: a loop over the rows
     of a tensor compiled a program for every op at every row (25-30 ms each here), and a
     read of `x[i].item()` one for every i."""
-    from torch_tpu import cache
-
-    programs = []
-    compile_program = cache.compile
-
-    def counting(fn, example_args, **kwargs):
-        programs.append(kwargs.get("name"))
-        return compile_program(fn, example_args, **kwargs)
-
     width = {"debug": 4, "strict": 5, "fused": 6}[eager_mode]  # (no mode reuses another's)
     cpu = torch.arange(12.0 * width).reshape(12, width)
     tpu = cpu.clone().to("tpu")
     expected = _row_loop(cpu)
     _row_loop(tpu[:3])  # warm up: every program of the loop, once
-    monkeypatch.setattr(cache, "compile", counting)
+    programs = count_compiles(monkeypatch)
     assert _row_loop(tpu) == expected
     torch.testing.assert_close(tpu.cpu(), cpu)
     assert programs == []

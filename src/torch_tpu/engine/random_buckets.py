@@ -5,13 +5,13 @@ slowly (80-185 ms on XLA:CPU, against ~30 ms for an add), and tests, model
 initialisation and data-dependent sizes call random ops at sizes never seen
 before. Ops whose every element is drawn from the key and the element's flat
 index alone (`Lowering.elementwise_draw`: jax's partitionable threefry) give,
-drawn at a larger 1-D size, the same values as a prefix. So once an op (with
-its dtype and static arguments) has been called at two geometries of one
-power-of-two size bucket, every further new geometry there draws at the
-bucket's size and copies the prefix into the target: only the copy is compiled
-per size. A geometry seen alone keeps its own program (a loop at one shape
-runs as before: one dispatch, no extra compile), and one served from the
-bucket stays served from it (no compile appears in a later, steady step). The
+drawn at a larger 1-D size, the same values as a prefix. So from the second
+geometry an op (with its dtype and static arguments) meets in one power-of-two
+size bucket on, each new geometry there draws at the bucket's size and copies
+the prefix into the target: only the copy is compiled per size. The first
+geometry keeps its own program (a loop at one shape runs as before: one
+dispatch, no extra compile), and one served from the bucket stays served from
+it (no compile appears in a later, steady step). The
 values are the same bits either way: which path ran never changes the random
 stream (tests/test_ops_random.py).
 """
