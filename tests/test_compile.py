@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import count_compiles, to_cpu, to_tpu
@@ -374,3 +376,23 @@ def test_repeated_torch_compile_calls_do_not_grow_dynamos_skip_list():
     for _ in range(3):
         torch.compile(lambda x: x + 1)
     assert len(trace_rules.SKIP_DIRS) == before
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+def test_as_strided_scatter_lowers_into_the_graph(transposed):
+    """Functionalization writes through views it cannot replay one by one with
+    as_strided_scatter (PyTorch's random view programs hit it: tests/test_view_programs.py):
+    with no lowering the whole graph ran op by op. The copy keeps self's strides."""
+
+    def scatter(x, s):
+        return torch.as_strided_scatter(x, s, (2, 2), (1, 3), 1)
+
+    x = torch.arange(12.0).reshape(4, 3).t() if transposed else torch.arange(12.0).reshape(3, 4)
+    s = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]])
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ("runs op by op in tpu eager")
+        actual = torch.compile(scatter)(x.to("tpu"), s.to("tpu"))
+    expected = scatter(x, s)
+    assert torch.equal(actual.cpu(), expected)
+    assert actual.stride() == expected.stride()

@@ -103,6 +103,21 @@ def _fma(args, val):
     return args[0] * args[1] + args[2]
 
 
+def _as_strided_scatter(args, val):
+    """self's copy with src written through as_strided(size, stride, storage_offset) of
+    it (what functionalization emits for writes through views it cannot replay one by
+    one): the copy's storage keeps the result's strides, as PyTorch's clone keeps them."""
+    self, src, size, stride = args[:4]
+    offset = (args[4] if len(args) > 4 else None) or 0
+    value = jnp.asarray(self)
+    shape, strides = tuple(val.shape), tuple(val.stride())
+    flat = strided.fresh_storage(value, strides).reshape(-1)
+    span = flat.shape[0]
+    target = strided.View(tuple(size), tuple(stride), offset, value.dtype, span, value.dtype)
+    flat = strided.write(flat, target, jnp.asarray(src))
+    return strided.read(flat, strided.View(shape, strides, 0, value.dtype, span, value.dtype))
+
+
 def _foreach_copy(args, val):
     """`_foreach_copy` (functionalized `_foreach_copy_`, which eager runs as one `copy_`
     per tensor): each source broadcast to its target."""
@@ -138,6 +153,8 @@ SPECIAL: dict[str, Callable] = {
     "arange.start": _arange(2),
     "arange.start_step": _arange(3),
     "prims::fma.default": _fma,
+    "as_strided_scatter.default": _as_strided_scatter,
+    "prims::as_strided_scatter.default": _as_strided_scatter,
     "_foreach_copy.default": _foreach_copy,
 }
 
