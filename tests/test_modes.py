@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from conftest import hold_executables
 
 import torch_tpu
 from torch_tpu.engine import fuse
@@ -127,9 +128,10 @@ def test_fused_training_loop_compiles_nothing_after_warmup():
     assert snap["segments_run"] >= 5 and snap["ops_deferred"] > 5 * 20  # foreach: one op a call
 
 
-def test_new_python_scalars_are_run_time_arguments(eager_mode):
+def test_new_python_scalars_are_run_time_arguments(monkeypatch, eager_mode):
     """Every step's new Python numbers (an optimizer's bias corrections) reach the same
     executables as arguments: no recompiles, and the values of CPU's arithmetic."""
+    hold_executables(monkeypatch)
     x = torch.randn(64)
     on_tpu = x.to("tpu")
     torch.tpu.synchronize()  # the upload is not part of the steps' fused segment

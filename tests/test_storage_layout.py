@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import hold_executables
 
 from torch_tpu.compile import runtime
 from torch_tpu.tensor import storage_of
@@ -103,7 +104,7 @@ def test_full_sums_of_short_dims_match_the_cpu(shape):
         torch.testing.assert_close(got.cpu(), expected)
 
 
-def test_a_tensor_made_any_way_reuses_the_same_program():
+def test_a_tensor_made_any_way_reuses_the_same_program(monkeypatch):
     """A storage's array shape is part of every program's key, so every way of making a
     contiguous tensor must give the same shape: else the same op at the same geometry
     compiles again (a bucketed prompt that needed no padding did)."""
@@ -112,6 +113,7 @@ def test_a_tensor_made_any_way_reuses_the_same_program():
     from torch_tpu import bucketing, metrics
     from torch_tpu.interop import exchange
 
+    hold_executables(monkeypatch)
     x = torch.randn(3, 8)
     made = {
         "upload": lambda: x.to("tpu"),
