@@ -9,6 +9,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from conftest import hold_executables
 from torch import nn
 
 import torch_tpu
@@ -70,8 +71,10 @@ def _assert_models_equal(cpu: nn.Module, tpu: nn.Module) -> None:
 @pytest.fixture(scope="module")
 def sgd_run():
     """SGD with momentum on a model with BatchNorm, lr scheduled: shared by the parity and
-    donation tests (each trace and compile costs seconds)."""
-    return _train_both("sgd", steps=3, batch_norm=True, schedule=True)
+    donation tests (each trace and compile costs seconds), which look at its executables."""
+    with pytest.MonkeyPatch.context() as patch:
+        hold_executables(patch)
+        yield _train_both("sgd", steps=3, batch_norm=True, schedule=True)
 
 
 def _assert_run_matches(run) -> None:

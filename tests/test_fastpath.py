@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import hold_executables
 
 from torch_tpu import metrics
 from torch_tpu.engine import fastpath
+
+
+@pytest.fixture(autouse=True)
+def _executables_held(monkeypatch):
+    """These tests look the fast path's table up after a call: no memory reset between."""
+    hold_executables(monkeypatch)
 
 
 @pytest.fixture(autouse=True, params=["strict", "fused"])

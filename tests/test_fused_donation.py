@@ -11,6 +11,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from conftest import hold_executables
 
 import torch_tpu
 from torch_tpu.engine import executor, fuse
@@ -141,7 +142,8 @@ def test_views_of_a_donated_storage_see_the_new_values():
     _alive(a, row, col)
 
 
-def test_donation_is_part_of_the_segment_key():
+def test_donation_is_part_of_the_segment_key(monkeypatch):
+    hold_executables(monkeypatch)  # (it looks fuse's table of executables up)
     cpu = torch.randn(32)
     a = cpu.to("tpu")
     torch.tpu.synchronize()
