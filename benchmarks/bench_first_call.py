@@ -12,7 +12,9 @@ cache (a temporary TORCH_TPU_CACHE_DIR), in strict mode:
    the process are shown beside them, since on a shared machine wall time
    mostly measures the neighbours.
 2. The cold first training step (the step, its compiles, `.item()`) of a small
-   CNN (`training.cnn`, batch 16, AdamW) and of gpt-small (`training.gpt_step_fn`).
+   CNN (`training.cnn`, batch 16, AdamW) and of gpt-small (`training.gpt_step_fn`),
+   and beside gpt-small the substrate's own: the same step written in JAX, run op by
+   op (a compile per primitive and shape, as strict mode's per op) and jitted whole.
 
 Targets (issue 12): median compile time per new op shape <= 20 ms (was ~113 ms);
 cold first step of the small CNN / gpt-small <= 1/4 of what it was (19 s / 5.8 s).
@@ -236,6 +238,23 @@ def child_step(workload: str) -> dict:
     )
 
 
+def child_jax_step(how: str) -> dict:
+    """The substrate's own cold first step of gpt-small: the same model, loss and AdamW
+    written in JAX (benchmarks/bench_step.py), op by op ("eager": each primitive
+    compiled at its first shape, as strict mode compiles each op) or jitted whole."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import jax
+    from bench_step import jax_train_step
+
+    train_step, state, x, y = jax_train_step("gpt_small")
+    jax.block_until_ready((state, x, y))
+    fn = jax.jit(train_step) if how == "jit" else train_step
+    w, c = time.perf_counter(), time.process_time()
+    _, loss = fn(state, x, y)
+    float(loss)
+    return dict(wall=time.perf_counter() - w, cpu=time.process_time() - c)
+
+
 # ----------------------------------------------------------------- parent side
 
 
@@ -356,6 +375,19 @@ def print_step(label: str, workload: str, result: dict) -> None:
     print("    (phases per compile)")
 
 
+HOWS = ("eager", "jit")
+
+
+def print_jax_step(results: dict) -> None:
+    print(
+        "[jax] the substrate's own cold first step, gpt_small written in JAX: "
+        + ", ".join(
+            f"{how} {r['wall']:.2f} s (CPU {r['cpu']:.2f} s)" for how, r in results.items()
+        )
+        + " (eager: op by op, a compile per primitive and shape; jit: one program)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", type=int, default=3, help="new shapes per op")
@@ -369,6 +401,8 @@ def main() -> None:
             result = child_ops(int(args.child[1]))
         elif kind == "jax":
             result = child_jax(int(args.child[1]))
+        elif kind == "jax_step":
+            result = child_jax_step(args.child[1])
         else:
             result = child_step(kind)
         print(json.dumps(result))
@@ -382,6 +416,8 @@ def main() -> None:
                     print_jax(run_child(src, ["jax", str(max(args.shapes, 3))]))
             else:
                 print_step(label, what, run_child(src, [what]))
+                if what == "gpt_small" and label == "this":
+                    print_jax_step({how: run_child(src, ["jax_step", how]) for how in HOWS})
     print(
         "targets: median per new op shape <= 20 ms (was ~113 ms); cold first step "
         "cnn / gpt_small <= 1/4 of before (issue: 19 s / 5.8 s)"
