@@ -6,9 +6,11 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
+from conftest import assert_same_error
 
 import torch_tpu
 
@@ -289,3 +291,38 @@ def test_integer_indexing_fuses_without_a_flush():
         y = x[idx] * 2
         assert torch_tpu.engine.fuse.pending_ops() == 2
     torch.testing.assert_close(y.cpu(), torch.arange(12.0).reshape(3, 4)[[2, 0]] * 2)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda device: torch.UntypedStorage(12, device=device),
+        lambda device: torch.UntypedStorage([0, 0, 128, 63, 0, 0, 0, 64], device=device),
+        lambda device: torch.UntypedStorage(device=device),
+        lambda device: torch.TypedStorage(3, device=device),
+        lambda device: torch.TypedStorage(2, dtype=torch.int64, device=device),
+    ],
+    ids=["size", "bytes", "empty", "typed", "typed_int64"],
+)
+def test_storage_constructors_make_tpu_storages(make):
+    """PyTorch's storage constructor allocates through the device's C++ allocator, which a
+    Python backend cannot register: on tpu it crashed the process (a segfault)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (TypedStorage is deprecated)
+        cpu, tpu = make("cpu"), make("tpu")
+    assert tpu.device.type == "tpu" and type(tpu) is type(cpu)
+    assert tpu.nbytes() == cpu.nbytes()
+    untyped = tpu if isinstance(tpu, torch.UntypedStorage) else tpu._untyped_storage
+    viewed = torch.tensor([], dtype=torch.uint8, device="tpu").set_(untyped)
+    viewed.fill_(7)  # a storage tensors can be made over, and written through
+    assert untyped.cpu().tolist() == [7] * cpu.nbytes()
+
+
+def test_storage_from_bytes_keeps_them_and_refuses_what_cpu_refuses():
+    storage = torch.UntypedStorage([0, 0, 128, 63, 0, 0, 0, 64], device="tpu")
+    floats = torch.tensor([], device="tpu").set_(storage)
+    assert floats.cpu().tolist() == [1.0, 2.0]
+    for bad in (1.5, "ab"):
+        assert_same_error(lambda device, bad=bad: torch.UntypedStorage(bad, device=device))
+    with pytest.raises(RuntimeError, match="non-negative"):
+        torch.UntypedStorage(-1, device="tpu")

@@ -14,7 +14,7 @@ import sys
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from . import accelerator, api, modules, pinned, serialization
+from . import accelerator, api, modules, pinned, serialization, storages
 
 # The one PrivateUse1 fallback: it outlives register() (the library unregisters when freed).
 _fallback_library: torch.library.Library | None = None
@@ -89,6 +89,7 @@ def register() -> None:
         rename="tpu", backend_module=api, hook=_Hooks(), device_guard=_DeviceGuard()
     )
     serialization.install()
+    storages.install()  # (PyTorch's constructor would crash on tpu)
     modules.install()  # cpu<->tpu conversions keep Parameter objects and ties, as on CUDA
     pinned.install()  # before anything can pin: tpu is now the current accelerator
     accelerator.install()
