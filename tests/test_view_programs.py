@@ -18,7 +18,7 @@ import torch
 
 # CI runs these seeds in every eager mode; `-m slow` adds many more
 _CI_SEEDS = range(12)
-_SLOW_SEEDS = range(12, 200)
+_SLOW_SEEDS = [s for s in range(12, 200) if s != 124]  # (124 runs in CI)
 _STEPS = 24
 
 
@@ -308,7 +308,9 @@ def test_many_random_view_programs_differentiate_as_cpu(eager_mode, seed):
     _run(seed, grad=True)
 
 
-@pytest.mark.parametrize("seed", _CI_SEEDS)
+# + seeds that once failed: 124, aliased views as inputs of the graph after x[x > 1]'s
+# break (AOTAutograd's overlap analysis met a fake with symbolic sizes: backend.py)
+@pytest.mark.parametrize("seed", [*_CI_SEEDS, 124])
 def test_a_random_view_program_compiles_as_cpu(seed):
     """The same programs as one function under torch.compile (functionalization turns
     the writes through views into updates of the bases, which the compiled graph must
@@ -321,9 +323,6 @@ _COMPILE_FAILURES = {
     13: "PyTorch's AOTAutograd refuses aliased graph inputs with mixed ._base states after "
     "a graph break (CPU Inductor fails the same)",
     36: "as 13",
-    124: "ours: after x[x > 1]'s graph break, AOTAutograd's compute_overlapping_inputs calls "
-    "numel() on an aliased input with symbolic sizes that the tpu backend hands it; CPU "
-    "Inductor compiles it",
 }
 
 

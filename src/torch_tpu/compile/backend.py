@@ -26,6 +26,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .. import metrics
+from ..tensor import storage_of
 from . import buckets, interpret, split
 from .runtime import CompiledGraph
 
@@ -99,6 +100,20 @@ def _is_dynamic(example_inputs) -> bool:
     return False
 
 
+def _shares_storage(example_inputs) -> bool:
+    """Whether two tensor inputs share a storage: AOTAutograd, tracing them inside Dynamo,
+    can fake one with symbolic sizes its aliasing analysis then refuses (numel()); traced
+    at the first call instead, they are plain."""
+    seen = set()
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type == DEVICE_TYPE:
+            key = id(storage_of(x))
+            if key in seen:
+                return True
+            seen.add(key)
+    return False
+
+
 def tpu(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options=None):
     """The `tpu` Dynamo backend. `options` (torch.compile's) are XLA compiler options
     for this model's compiles; `mode` has no meaning for XLA and is ignored."""
@@ -115,6 +130,8 @@ def tpu(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, optio
     if _is_dynamic(example_inputs):
         if policy is not None:
             return _Bucketed(gm, example_inputs, name, input_names, options, policy)
+        return _Specialising(gm, name, input_names, options)
+    if _shares_storage(example_inputs):
         return _Specialising(gm, name, input_names, options)
     return _aot(name, input_names, options)(gm, example_inputs)
 
@@ -167,7 +184,8 @@ def _compile_graph(gm: torch.fx.GraphModule, name: str, names, options):
 
 class _Specialising:
     """A graph Dynamo made dynamic (automatic dynamic shapes after a recompile, or
-    dynamic=True). XLA compiles static shapes, so each concrete input signature is
+    dynamic=True), or one whose inputs share storages. XLA compiles static shapes, so
+    each concrete input signature (with which inputs share a storage) is
     traced by AOTAutograd and compiled on its first call; the compiles share the
     graph's name, so each is recorded as a recompile naming the input that changed."""
 
@@ -176,11 +194,18 @@ class _Specialising:
         self.compiled: dict = {}
 
     def __call__(self, *args):
+        slots: dict = {}  # storage -> its first argument: which arguments share one
         key = (torch.is_grad_enabled(),) + tuple(
-            (tuple(a.shape), a.stride(), a.dtype, a.requires_grad)
+            (
+                tuple(a.shape),
+                a.stride(),
+                a.dtype,
+                a.requires_grad,
+                slots.setdefault(a.untyped_storage().data_ptr(), i),
+            )
             if isinstance(a, torch.Tensor)
             else a
-            for a in args
+            for i, a in enumerate(args)
         )
         fn = self.compiled.get(key)
         if fn is None:
