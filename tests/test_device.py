@@ -260,6 +260,18 @@ def test_cpu_fallback_warns_counts_and_can_be_disabled():
     assert torch.tpu.enable_cpu_fallback is True
 
 
+def test_a_sparse_result_of_the_cpu_fallback_is_refused_by_the_ops_name():
+    """`to_sparse()` runs on the CPU fallback; moving its sparse result back failed inside
+    a sparse constructor the user never called ('Sparsetpu' backend)."""
+    x = torch.randn(3, 3, device="tpu")
+    cases = [(torch.Tensor.to_sparse, "sparse_coo"), (torch.Tensor.to_sparse_csr, "sparse_csr")]
+    for convert, layout in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the fallback's, once per op and process)
+            with pytest.raises(NotImplementedError, match=f"layout torch.{layout}.*dense"):
+                convert(x)
+
+
 def test_rng_state_round_trip_and_seeding():
     torch.manual_seed(123)
     first = torch.randn(4, device="tpu").cpu()

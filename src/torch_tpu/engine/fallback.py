@@ -64,6 +64,7 @@ def run_on_cpu(op, args: tuple, kwargs: dict):
     cpu_args = _to_cpu(args)
     cpu_kwargs = {k: _to_cpu(v) for k, v in kwargs.items()}
     result = op(*cpu_args, **cpu_kwargs)
+    _refuse_other_layouts(name, result)
     schema = op._schema
     written = {}
     for i, arg in enumerate(schema.arguments):
@@ -83,6 +84,17 @@ def run_on_cpu(op, args: tuple, kwargs: dict):
                 tpu_t.copy_(cpu_t)
                 written[id(cpu_t)] = tpu_t
     return _map_result(result, written)
+
+
+def _refuse_other_layouts(name: str, result) -> None:
+    """A sparse (or other non-strided) result cannot live on tpu: say so by the op's name
+    (moving it back failed inside a sparse constructor the user never called)."""
+    for value in result if isinstance(result, (list, tuple)) else [result]:
+        if isinstance(value, torch.Tensor) and value.layout != torch.strided:
+            raise NotImplementedError(
+                f"{name} returns a tensor of layout {value.layout}: tpu tensors are dense "
+                "(torch.strided) only; keep this part of the program on the CPU"
+            )
 
 
 def _map_result(result, written):
