@@ -453,3 +453,21 @@ def test_byte_masks_index_as_bool_masks_with_cpus_warning():
         with pytest.warns(UserWarning, match="uint8 is now deprecated"):
             actual = x.to("tpu")[mask.to("tpu")]
         torch.testing.assert_close(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize(
+    "scatter",
+    [
+        lambda d: torch.zeros(5, device=d).masked_scatter_(
+            torch.tensor([1, 0, 1, 1, 0], dtype=torch.bool, device=d), torch.ones(2, device=d)
+        ),
+        lambda d: torch.zeros(2, 3, device=d).masked_scatter(  # (the mask broadcast: 4 ones)
+            torch.tensor([True, False, True], device=d), torch.ones(3, device=d)
+        ),
+    ],
+    ids=["in_place", "broadcast_mask"],
+)
+def test_masked_scatter_refuses_a_source_shorter_than_the_mask(eager_mode, scatter):
+    """The lowering reused the source's last value for the mask's extra ones, where CPU
+    raises."""
+    assert_same_error(scatter)

@@ -528,7 +528,17 @@ def _mask_positions(mask):
     return jnp.cumsum(mask.reshape(-1), dtype=jnp.int64) - 1
 
 
-@lower("masked_scatter.default")
+def _check_masked_scatter(values: list) -> bool:
+    """CPU's error for a source shorter than the mask's count of ones (the lowering would
+    reuse the source's last value): one count read per call, as index_put's masks."""
+    self, mask, source = values
+    ones = int(torch.count_nonzero(mask.expand(torch.broadcast_shapes(self.shape, mask.shape))))
+    if ones > source.numel():
+        raise RuntimeError("Number of elements of source < number of ones in mask")
+    return True
+
+
+@lower("masked_scatter.default", check=_check_masked_scatter)
 def masked_scatter(self, mask, source):
     self, mask = jnp.broadcast_arrays(self, mask)
     picked = source.reshape(-1)[jnp.clip(_mask_positions(mask), 0, max(source.size - 1, 0))]
