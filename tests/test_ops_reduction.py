@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from conftest import (
     lowered_packets,
     no_fallback,
     packet,
+    to_cpu,
 )
 
 NAN = math.nan
@@ -395,3 +397,31 @@ def test_foreach_norm_and_clip_grad_norm():
         return total, *(p.grad for p in params)
 
     assert_same(clip, *tensors)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda d: torch.histc(torch.tensor([0.5, 1.5, 2.5, 2.7], device=d), bins=3, min=0, max=3),
+        lambda d: torch.median(torch.tensor([[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]], device=d), 1),
+    ],
+    ids=["histc", "median_dim"],
+)
+def test_deterministic_mode_computes_what_cpu_computes(eager_mode, op):
+    """PyTorch's meta kernels of histc and median(dim) raise deterministic mode's alert for
+    CUDA's kernels on every device but CPU: tpu raised where CPU computes."""
+    from torch.testing._internal.common_utils import DeterministicGuard
+
+    from torch_tpu import cache
+
+    with DeterministicGuard(True):
+        expected = op("cpu")
+    for warn_only in (False, True):
+        cache.forget_lookups()  # (a meta kernel runs at its key's first call)
+        with DeterministicGuard(True, warn_only=warn_only), warnings.catch_warnings():
+            warnings.simplefilter("error")  # (an alert made a warning fails too)
+            actual = op("tpu")
+            # (the meta kernel ran with the mode off: it is back as it was)
+            assert torch.are_deterministic_algorithms_enabled()
+            assert torch.is_deterministic_algorithms_warn_only_enabled() is warn_only
+        torch.testing.assert_close(to_cpu(actual), expected)
