@@ -640,3 +640,21 @@ def test_negative_std_on_the_device_is_checked_in_debug_mode():
     """Reading a device std costs a sync: debug mode does it (as index values)."""
     with torch.tpu.set_eager_mode("debug"), pytest.raises(RuntimeError, match="std >= 0.0"):
         torch.normal(torch.zeros(2, device="tpu"), torch.tensor([1.0, -1.0], device="tpu"))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.logcumsumexp(
+            torch.ones(3, 3, dtype=torch.float64, device=d), 1, out=torch.empty(3, 3, device=d)
+        ),
+        lambda d: torch.logcumsumexp(
+            torch.ones(4, device=d), 0, out=torch.empty(4, dtype=torch.float64, device=d)
+        ),
+    ],
+    ids=["double_into_float", "float_into_double"],
+)
+def test_out_of_another_dtype_is_refused_where_cpus_kernel_refuses_it(eager_mode, call):
+    """Most out= variants cast into out when the cast is safe, but some CPU kernels want
+    out's dtype exact (logcumsumexp); tpu cast into out."""
+    assert_same_error(call)

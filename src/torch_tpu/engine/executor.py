@@ -489,7 +489,18 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         meta_values, result, out_dtypes = None, None, None
     targets = list(arguments.tensors([values[t] for t in spec.targets if t is not None]))
     aliased = refusals.written_memory_overlaps(targets, values) if targets else ()
-    refusals.check(spec.schema.op, *arguments.split_args(spec.schema.op, values), result, aliased)
+    casts_target = out_dtypes is not None and any(
+        dtype is not None and dtype != dtypes.TORCH_TO_JAX.get(values[target].dtype)
+        for dtype, target in zip(out_dtypes, spec.targets)
+        if target is not None and isinstance(values[target], torch.Tensor)
+    )
+    refusals.check(
+        spec.schema.op,
+        *arguments.split_args(spec.schema.op, values),
+        result,
+        aliased,
+        casts_target,
+    )
     n_returns = len(spec.schema.return_aliases)
     results = result if isinstance(result, tuple) else (result,)
     if n_returns == 0:

@@ -39,7 +39,8 @@ _HALF = (torch.float16, torch.bfloat16)
 # words of CPU's dtype refusals raised as RuntimeError (NotImplementedError is the
 # dispatch lists' own: "... not implemented for 'Bool'")
 _DTYPE_WORDS = re.compile(
-    r"[Cc]omplex|[Bb]ool|[Ii]nteger|floating point|dtype|'(Long|Int|Short|Char|Byte)'"
+    r"[Cc]omplex|[Bb]ool|[Ii]nteger|floating point|dtype|scalar_type|"
+    r"'(Long|Int|Short|Char|Byte)'"
 )
 # CPU's words for a write into memory another element or an input also uses
 _OVERLAP_WORDS = re.compile(r"written-to tensor refers? to a single memory location")
@@ -55,14 +56,17 @@ def check(
     kwargs: dict,
     meta_result=None,
     aliased: tuple = (),
+    casts_target: bool = False,
 ) -> None:
     """Raise CPU's error if CPU's kernel refuses these dtypes; meta_result, the op's
     result on meta tensors where known, tells how large the call is. aliased: tensors
     whose memory matters (`written_memory_overlaps`): their stand-ins share storages as
-    they do, and CPU's refusal to write such memory is raised too."""
+    they do, and CPU's refusal to write such memory is raised too. casts_target: an
+    out= target of another dtype than the result's, which some CPU kernels refuse
+    (logcumsumexp's: "expected scalar_type Double but found Float")."""
     if op.namespace != "aten":
         return
-    if not aliased and not _has_refusable_dtype((args, kwargs)):
+    if not aliased and not casts_target and not _has_refusable_dtype((args, kwargs)):
         return
     real = bool(aliased) or _numel((args, kwargs)) + _numel(meta_result) <= _SMALL
     aliased_ids = {id(t) for t in aliased}
