@@ -658,3 +658,31 @@ def test_out_of_another_dtype_is_refused_where_cpus_kernel_refuses_it(eager_mode
     """Most out= variants cast into out when the cast is safe, but some CPU kernels want
     out's dtype exact (logcumsumexp); tpu cast into out."""
     assert_same_error(call)
+
+
+_DECOMPOSED_BAD_CALLS = {
+    "grid_sampler_2d_5d_input": lambda d: torch.grid_sampler_2d(
+        torch.zeros(1, 1, 2, 2, 2, device=d), torch.zeros(1, 2, 2, 2, device=d), 0, 0, False
+    ),
+    "grid_sampler_2d_batch": lambda d: torch.grid_sampler_2d(
+        torch.zeros(2, 1, 2, 2, device=d), torch.zeros(1, 2, 2, 2, device=d), 0, 0, False
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_DECOMPOSED_BAD_CALLS))
+def test_a_failing_decomposition_raises_cpus_error(eager_mode, case):
+    """Ops tpu runs through a PyTorch decomposition check less than CPU's kernel: a bad
+    call failed in the decomposition's words ("too many values to unpack", a reshape's)."""
+    assert_same_error(_DECOMPOSED_BAD_CALLS[case])
+
+
+def test_local_scalar_dense_reads_the_first_element_and_refuses_empty(eager_mode):
+    """`_local_scalar_dense` (what .item() and `if tensor:` call after their own checks)
+    reads the element at index 0 of any tensor, as CPU's kernel: tpu raised numpy's
+    ValueError for more than one element or none."""
+    read = torch.ops.aten._local_scalar_dense
+    for make in (lambda d: torch.tensor([3.0, 4.0], device=d),
+                 lambda d: torch.arange(6.0, device=d).view(2, 3).t()[1:]):  # fmt: skip
+        assert read(make("tpu")) == read(make("cpu"))
+    assert_same_error(lambda d: read(torch.empty(0, device=d)))

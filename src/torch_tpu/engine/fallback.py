@@ -41,6 +41,26 @@ def _to_tpu(value):
     return value
 
 
+_LARGEST_RETRIED = 1 << 18  # elements: beyond, an error is left as the decomposition's
+
+
+def cpus_error(op, args: tuple, kwargs: dict) -> Exception | None:
+    """CPU's error for this call, run on host copies (calls of at most `_LARGEST_RETRIED`
+    elements), or None when CPU computes it: a PyTorch decomposition checks less than
+    CPU's kernel and fails in its own words (grid_sampler_2d of a 5-D input: "too many
+    values to unpack")."""
+    values = [v for a in (*args, *kwargs.values()) for v in (a if isinstance(a, list) else [a])]
+    if sum(v.numel() for v in values if isinstance(v, torch.Tensor)) > _LARGEST_RETRIED:
+        return None
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+        warnings.simplefilter("ignore")
+        try:
+            op(*_to_cpu(args), **{k: _to_cpu(v) for k, v in kwargs.items()})
+        except Exception as e:
+            return e
+    return None
+
+
 def run_on_cpu(op, args: tuple, kwargs: dict):
     """Run op's CPU kernel on host copies; write mutated arguments back."""
     name = _op_name(op)

@@ -268,6 +268,11 @@ def _copy_from_and_resize(self, dst):
 
 
 def _local_scalar_dense(self):
+    """The first element, as CPU's kernel (`.item()` checks for one element before)."""
+    if self.numel() == 0:
+        raise RuntimeError("_local_scalar_dense: Empty tensor not supported")
+    if self.numel() > 1:  # (its element at index 0, ..., 0: a view, no copy)
+        self = self.as_strided((1,), (1,), self.storage_offset())
     return executor.download(self, "item()").item()
 
 
@@ -358,6 +363,11 @@ def _register_decompositions() -> None:
             active.add(_name)
             try:
                 return _decomposition(*args, **kwargs)
+            except Exception as error:
+                cpus = fallback.cpus_error(_op, args, kwargs)
+                if cpus is None:
+                    raise
+                raise type(cpus)(str(cpus)) from error
             finally:
                 active.discard(_name)
 
