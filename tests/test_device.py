@@ -338,3 +338,27 @@ def test_storage_from_bytes_keeps_them_and_refuses_what_cpu_refuses():
         assert_same_error(lambda device, bad=bad: torch.UntypedStorage(bad, device=device))
     with pytest.raises(RuntimeError, match="non-negative"):
         torch.UntypedStorage(-1, device="tpu")
+
+
+_TOO_LARGE = 1 << 46  # float32 elements: 256 TiB, past any machine's address space
+
+
+def _allocate_too_much_eagerly():
+    x = torch.zeros(_TOO_LARGE, device="tpu")
+    x.add_(1)
+    torch.tpu.synchronize()
+
+
+def _allocate_too_much_in_a_graph():
+    grow = torch.compile(lambda a: a.expand(1 << 23, 1 << 23) * 2, backend="tpu")
+    grow(torch.ones(1 << 23, device="tpu"))[0, 0].item()  # (fails at the read: async)
+
+
+@pytest.mark.parametrize("allocate", [_allocate_too_much_eagerly, _allocate_too_much_in_a_graph])
+def test_out_of_memory_is_pytorchs_error_and_the_device_goes_on(eager_mode, allocate):
+    """Programs catch torch.OutOfMemoryError (torch.cuda's is the same class) to retry with
+    a smaller batch; JAX's own error escaped every such handler."""
+    assert torch.tpu.OutOfMemoryError is torch.OutOfMemoryError
+    with pytest.raises(torch.OutOfMemoryError, match="tpu out of memory"):
+        allocate()
+    assert (torch.ones(3, device="tpu") * 2).cpu().tolist() == [2.0, 2.0, 2.0]

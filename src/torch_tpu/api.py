@@ -65,8 +65,13 @@ __all__ = [
     "is_bf16_supported",
     "to_jax",
     "from_jax",
+    "OutOfMemoryError",
 ]  # and _TpuModule's properties: eager_mode, enable_cpu_fallback, check_nans, compiler,
 #  pallas, ops
+
+# what an allocation on tpu that does not fit raises (memory_errors.py): the class
+# torch.cuda.OutOfMemoryError also is, so handlers written for either catch it
+OutOfMemoryError = torch.OutOfMemoryError
 
 _current_device = 0
 

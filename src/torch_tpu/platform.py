@@ -159,9 +159,15 @@ def put(host: np.ndarray) -> jax.Array:
     from jax._src.lib import xla_client
 
     target = device()
-    return xla_client.batched_device_put(
-        _aval(host.shape, host.dtype), _placement(target), [host], [target], True
-    )
+    try:
+        return xla_client.batched_device_put(
+            _aval(host.shape, host.dtype), _placement(target), [host], [target], True
+        )
+    except Exception as error:  # (JAX's error type: jax is imported lazily here)
+        from . import memory_errors
+
+        memory_errors.raise_if_out_of_memory(error)
+        raise
 
 
 @functools.lru_cache(maxsize=1024)

@@ -43,7 +43,13 @@ def synchronize() -> None:
 
     from . import platform
 
-    jax.block_until_ready(jax.live_arrays(platform.platform()))  # one batched wait
+    try:
+        jax.block_until_ready(jax.live_arrays(platform.platform()))  # one batched wait
+    except jax.errors.JaxRuntimeError as error:
+        from . import memory_errors
+
+        memory_errors.raise_if_out_of_memory(error)
+        raise
     memory.sample()
 
 

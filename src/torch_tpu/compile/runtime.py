@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .. import cache, metrics, precision, rng, strided
+from .. import cache, memory_errors, metrics, precision, rng, strided
 from ..engine import donation, executor, fastpath, modes
 from ..engine.fuse import Pending
 from ..tensor import Fresh, storage_of, view_of
@@ -134,9 +134,13 @@ class CompiledGraph:
                 arrays[slot] = jnp.array(arrays[slot], copy=True)
                 metrics.count("compiled_graph_donation_copies")
         metrics.count("compiled_graph_calls")
-        flats, written = executable(*arrays)
-        if modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
-            jax.block_until_ready((flats, written))
+        try:
+            flats, written = executable(*arrays)
+            if modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
+                jax.block_until_ready((flats, written))
+        except jax.errors.JaxRuntimeError as error:
+            memory_errors.raise_if_out_of_memory(error)
+            raise
         for slot, value in zip(written_slots, written):
             storages[slot].value = value
         if host:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 
-from .. import cache, dtypes, metrics, precision, rng, strided
+from .. import cache, dtypes, memory_errors, metrics, precision, rng, strided
 from ..ops.pointwise import convert, scalar_type_name
 from ..ops.registry import Lowering
 from ..tensor import Fresh, new_tensor, replace_storage, storage_of, view_of
@@ -197,9 +197,13 @@ cache.on_clear(_CACHE.clear)
 def run(spec: OpSpec, args: tuple, kwargs: dict):
     """Execute one ATen call on tpu tensors; returns what the op returns."""
     precision.sync()
-    if modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
-        return debug.guarded(_run, spec, args, kwargs)
-    return _run(spec, args, kwargs)
+    try:
+        if modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
+            return debug.guarded(_run, spec, args, kwargs)
+        return _run(spec, args, kwargs)
+    except jax.errors.JaxRuntimeError as error:
+        memory_errors.raise_if_out_of_memory(error)
+        raise
 
 
 def _run(spec: OpSpec, args: tuple, kwargs: dict):
@@ -858,7 +862,11 @@ def download(t: torch.Tensor, reason: str):
         collectives.settle(t)  # the host reads what an unfinished collective writes
     storage = storage_of(t)
     view = view_of(t, storage)
-    if strided.spans_storage(view):
-        # the whole storage, once: no read program to compile for this shape
-        return strided.host_read(np.asarray(storage.array(reason)), view)
-    return np.asarray(device_value(t, reason))
+    try:
+        if strided.spans_storage(view):
+            # the whole storage, once: no read program to compile for this shape
+            return strided.host_read(np.asarray(storage.array(reason)), view)
+        return np.asarray(device_value(t, reason))
+    except jax.errors.JaxRuntimeError as error:  # (a computation's error surfaces here)
+        memory_errors.raise_if_out_of_memory(error)
+        raise

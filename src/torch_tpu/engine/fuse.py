@@ -31,7 +31,7 @@ import weakref
 import jax
 import numpy as np
 
-from .. import cache, env, metrics, strided
+from .. import cache, env, memory_errors, metrics, strided
 from . import donation
 
 CAP = env.integer("TORCH_TPU_FUSE_CAP", 2048, 1)  # ops per segment before a flush
@@ -201,7 +201,11 @@ def flush(reason: str = "value needed") -> None:
     del leaves
     if donated:
         metrics.count("segment_donated_buffers", len(donated))
-    values = fn(given, kept)
+    try:
+        values = fn(given, kept)
+    except jax.errors.JaxRuntimeError as error:
+        memory_errors.raise_if_out_of_memory(error)
+        raise
     for p, value in zip(live, values):
         p.value = value
 
