@@ -87,6 +87,12 @@ def test_torch_tpu_module_api():
     assert torch.tpu.memory_allocated() >= x.numel() * 4
     assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
     assert "allocated_bytes.all.current" in torch.tpu.memory_stats()
+    summary = torch.tpu.memory_summary()  # (the names training scripts call on torch.cuda)
+    assert "allocated" in summary and f"{torch.tpu.memory_allocated() / 2**20:.1f} MiB" in summary
+    del x
+    torch.tpu.reset_max_memory_allocated()
+    assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
+    x = torch.ones(1024, device="tpu")
     assert torch.accelerator.current_accelerator() == torch.device("tpu")
     s = torch.tpu.Stream()
     start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)

@@ -40,6 +40,8 @@ __all__ = [
     "memory_allocated",
     "max_memory_allocated",
     "reset_peak_memory_stats",
+    "reset_max_memory_allocated",
+    "memory_summary",
     "empty_cache",
     "manual_seed",
     "manual_seed_all",
@@ -217,6 +219,27 @@ def max_memory_reserved(device=None) -> int:
 
 def reset_peak_memory_stats(device=None) -> None:
     memory.reset_peak()
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    """torch.cuda's older name for resetting the peak (training scripts still call it)."""
+    memory.reset_peak()
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A printable table of `memory_stats`, where training scripts log torch.cuda's."""
+    stats = memory_stats(device)
+    rows = [("allocated", "allocated_bytes.all"), ("reserved", "reserved_bytes.all")]
+    lines = [f"tpu:{_index(device if device is not None else _current_device)} memory summary",
+             f"{'':12}{'current':>14}{'peak':>14}"]  # fmt: skip
+    for label, key in rows:
+        current, peak = stats[f"{key}.current"], stats[f"{key}.peak"]
+        lines.append(f"{label:12}{_mib(current):>14}{_mib(peak):>14}")
+    return "\n".join(lines) + "\n"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def empty_cache() -> None:
