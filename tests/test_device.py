@@ -278,6 +278,23 @@ def test_a_sparse_result_of_the_cpu_fallback_is_refused_by_the_ops_name():
                 convert(x)
 
 
+@pytest.mark.parametrize(
+    "make_sparse",
+    [
+        lambda: torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2), (3,), device="tpu"),
+        lambda: torch.eye(3).to_sparse().to("tpu"),
+        lambda: torch.nn.Embedding(4, 2, sparse=True).to("tpu")(torch.tensor([1], device="tpu"))
+        .sum()
+        .backward(),
+    ],
+    ids=["constructor", "moved", "embedding_sparse_gradient"],
+)
+def test_sparse_tensors_on_tpu_are_refused_naming_the_limit(make_sparse):
+    """PyTorch's own error named an internal constructor and the 'Sparsetpu' backend."""
+    with pytest.raises(NotImplementedError, match="sparse tensors are not supported on tpu"):
+        make_sparse()
+
+
 def test_rng_state_round_trip_and_seeding():
     torch.manual_seed(123)
     first = torch.randn(4, device="tpu").cpu()

@@ -48,6 +48,16 @@ def _fallback(op, *args, **kwargs):
     return fallback.run_on_cpu(op, args, kwargs)
 
 
+def _sparse_fallback(op, *args, **kwargs):
+    """The sparse tpu keys' boxed fallback: PyTorch's own message ("Could not run ...
+    from the 'Sparsetpu' backend") named an internal constructor, not the limit."""
+    raise NotImplementedError(
+        f"{op._schema.name}: sparse tensors are not supported on tpu (tpu tensors are dense "
+        "only); use dense gradients (nn.Embedding(sparse=False), gather without "
+        "sparse_grad, an optimizer other than SparseAdam) or keep sparse work on the CPU"
+    )
+
+
 def _create_tpu_dist(*args, **kwargs):
     """c10d's creator for `tpu_dist` until the device starts (which re-registers the real one)."""
     sys.modules[__package__].init()
@@ -95,4 +105,6 @@ def register() -> None:
     accelerator.install()
     _fallback_library = torch.library.Library("_", "IMPL")
     _fallback_library.fallback(_fallback, "PrivateUse1")
+    for sparse_key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
+        _fallback_library.fallback(_sparse_fallback, sparse_key)
     _register_tpu_dist()
