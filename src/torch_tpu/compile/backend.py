@@ -26,7 +26,6 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .. import metrics
-from ..tensor import storage_of
 from . import buckets, interpret, split
 from .runtime import CompiledGraph
 
@@ -107,10 +106,10 @@ def _shares_storage(example_inputs) -> bool:
     seen = set()
     for x in example_inputs:
         if isinstance(x, torch.Tensor) and x.device.type == DEVICE_TYPE:
-            key = id(storage_of(x))
-            if key in seen:
+            address = x.untyped_storage().data_ptr()  # (0: a fake's, no storage to share)
+            if address in seen:
                 return True
-            seen.add(key)
+            seen.add(address or None)
     return False
 
 
