@@ -110,6 +110,34 @@ def test_device_index_out_of_range_raises_in_debug_mode():
         )
 
 
+_NEGATIVE_ALONG_A_DIM = {  # CPU refuses a negative index where these ops index along dim
+    "gather": lambda x, i: torch.gather(x, 1, i),
+    "scatter": lambda x, i: torch.scatter(x, 1, i, 0.0),
+    "scatter_add": lambda x, i: torch.scatter_add(x, 1, i, torch.ones_like(i, dtype=x.dtype)),
+    "index_add": lambda x, i: x.index_add(1, i[0], torch.ones(1, 1, device=x.device)),
+    "index_select": lambda x, i: x.index_select(1, i[0]),
+}
+_NEGATIVE_WRAPS = {  # and wraps it here, as Python does
+    "index_fill": lambda x, i: x.index_fill(1, i[0], 0.0),
+    "take_along_dim": lambda x, i: torch.take_along_dim(x, i, 1),
+}
+
+
+def test_negative_indices_along_a_dim_raise_in_debug_mode_where_cpu_refuses_them():
+    """Debug mode's check accepted -size <= i < size: gather and scatter wrapped -1 to the
+    last element where CPU raises."""
+    with torch.tpu.set_eager_mode("debug"):
+        for op in _NEGATIVE_ALONG_A_DIM.values():
+            for device in ("cpu", "tpu"):
+                x = torch.tensor([[10.0, 20.0, 30.0]], device=device)
+                with pytest.raises(RuntimeError, match="out of|INDICES"):
+                    op(x, torch.tensor([[-1]], device=device))
+        for op in _NEGATIVE_WRAPS.values():
+            assert_same_outcome(lambda d, op=op: op(
+                torch.tensor([[10.0, 20.0, 30.0]], device=d), torch.tensor([[-1]], device=d)
+            ))
+
+
 def test_repeat_calls_are_checked_again(eager_mode):
     """Value-dependent checks run on cached keys too, not only on first calls."""
     x = torch.zeros(3, 4, device="tpu")

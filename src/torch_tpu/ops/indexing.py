@@ -207,9 +207,11 @@ def _check_broadcast(source: tuple, target: tuple) -> None:
         )
 
 
-def _along_check(error: type, message: str | None = None):
+def _along_check(error: type, message: str | None = None, wraps: bool = False):
     """A check for ops indexing along one dim (gather, scatter, index_select...): CPU's
-    error for an index into an empty dim, and, in debug mode, for out-of-range values."""
+    error for an index into an empty dim, and, in debug mode, for out-of-range values;
+    negative ones are out of range unless the op `wraps` them (index_fill), as on CPU."""
+    lowest = -1 if wraps else 0
 
     def check(values: list) -> bool:
         from ..engine import modes
@@ -222,7 +224,7 @@ def _along_check(error: type, message: str | None = None):
         if size == 0 or modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
             lo, hi = (int(v) for v in torch.aminmax(index)) if size else (int(index.min()),) * 2
             for bad in (lo, hi):
-                if not -size <= bad < size:
+                if not lowest * size <= bad < size:
                     raise error(
                         message
                         or f"index {bad} is out of bounds for dimension {dim} with size {size}"
@@ -233,6 +235,7 @@ def _along_check(error: type, message: str | None = None):
 
 
 _check_gather = _along_check(RuntimeError)
+_check_wrapping = _along_check(RuntimeError, wraps=True)
 _check_index_select = _along_check(IndexError, "index out of range in self")
 
 
@@ -500,7 +503,7 @@ def _check_index_fill(values: list) -> bool:
         raise RuntimeError(
             "index_fill_(): Converting complex Scalar to non-complex type is not supported"
         )
-    return _check_gather(values) | check_fill_value(value, self.dtype)
+    return _check_wrapping(values) | check_fill_value(value, self.dtype)
 
 
 @lower("index_fill.int_Scalar", "index_fill.int_Tensor", check=_check_index_fill)
