@@ -552,3 +552,23 @@ def test_multilabel_margin_loss_refuses_what_cpu_refuses(shapes):
     assert_same_error(
         lambda d: F.multilabel_margin_loss(torch.zeros(5, 4, device=d), torch.zeros(5, 4, device=d))
     )
+
+
+@pytest.mark.parametrize(
+    "in_place",
+    [
+        lambda y: torch.nn.functional.elu_(y, alpha=-2.0),
+        lambda y: torch.nn.functional.celu_(y, alpha=-2.0),
+        lambda y: torch.nn.functional.leaky_relu_(y, -0.5),
+    ],
+    ids=["elu_", "celu_", "leaky_relu_"],
+)
+def test_in_place_activation_with_a_negative_slope_refuses_backward(eager_mode, in_place):
+    """Its backward works from the result, which is wrong for a negative slope: CPU
+    raises, tpu returned a wrong gradient (elu_ at -1 with alpha -2: 1.0, true -0.74)."""
+
+    def backward(device):
+        x = torch.tensor([-1.0, 2.0], device=device, requires_grad=True)
+        in_place(x.clone()).sum().backward()
+
+    assert_same_error(backward)

@@ -62,7 +62,30 @@ def leaky_relu(self, negative_slope=0.01):
     return jnp.where(x > 0, x, x * negative_slope)
 
 
-@lower("leaky_relu_backward.default")
+def _refuse_negative_slope_in_place(name: str, slope_at: int, is_result_at: int, tail=""):
+    """CPU's refusal of an in-place activation's backward with a negative slope: the
+    formula from the result is wrong there (tpu returned that wrong gradient)."""
+
+    def check(values: list) -> bool:
+        if values[is_result_at] and float(values[slope_at]) < 0:
+            raise RuntimeError(
+                f"In-place {name} backward calculation is triggered with a negative slope "
+                "which is not supported. This is caused by calling in-place forward function "
+                "with a negative slope, please call out-of-place version instead." + tail
+            )
+        return False
+
+    return check
+
+
+@lower(
+    "leaky_relu_backward.default",
+    check=_refuse_negative_slope_in_place(
+        "leakyReLu", slope_at=2, is_result_at=3, tail=" File an issue at "
+        "https://github.com/pytorch/pytorch if you do require supporting in-place leakRelu "
+        "backward calculation with negative slope",
+    ),
+)
 def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
     g = _up(grad_output)
     return jnp.where(self > 0, g, g * negative_slope)
@@ -74,7 +97,9 @@ def elu(self, alpha=1, scale=1, input_scale=1):
     return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
 
 
-@lower("elu_backward.default")
+@lower(
+    "elu_backward.default", check=_refuse_negative_slope_in_place("elu", slope_at=1, is_result_at=4)
+)
 def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
     g, y = _up(grad_output), _up(self_or_result)
     if is_result:  # y is elu's output: d/dx = input_scale * (y + alpha * scale)
