@@ -572,3 +572,19 @@ def test_in_place_activation_with_a_negative_slope_refuses_backward(eager_mode, 
         in_place(x.clone()).sum().backward()
 
     assert_same_error(backward)
+
+
+def test_uint8_bilinear_interpolate_is_within_one_of_cpu():
+    """Integer images were interpolated with taps cast to uint8 (every output between
+    input pixels 0: 255 off); CPU's uint8 kernel works in fixed point, so a rounding
+    step may differ by one."""
+    torch.manual_seed(0)
+    for size_in, size_out in [((6, 6), (4, 4)), ((2, 2), (3, 3)), ((8, 8), (17, 17))]:
+        x = torch.randint(0, 256, (2, 3, *size_in), dtype=torch.uint8)
+        for align_corners in (False, True):
+            interpolate = lambda t: torch.nn.functional.interpolate(  # noqa: E731
+                t, size=size_out, mode="bilinear", align_corners=align_corners
+            )
+            expected, actual = interpolate(x), interpolate(x.to("tpu")).cpu()
+            assert actual.dtype == torch.uint8
+            assert (expected.int() - actual.int()).abs().max() <= 1

@@ -1100,7 +1100,11 @@ def _cubic_taps(size, out, scale, align_corners):
 
 
 def _interpolate(x, output_size, align_corners, scales, taps):
-    """Separable interpolation: along each spatial axis, a weighted sum of gathered taps."""
+    """Separable interpolation: along each spatial axis, a weighted sum of gathered taps
+    (integer images in float32, rounded and saturated back, as CPU's uint8 kernels)."""
+    integer = jnp.issubdtype(x.dtype, jnp.integer)
+    if integer:
+        dtype, x = x.dtype, x.astype(jnp.float32)
     x = _up(x)
     n = len(output_size)
     for axis, out, scale in zip(range(x.ndim - n, x.ndim), output_size, scales):
@@ -1109,7 +1113,10 @@ def _interpolate(x, output_size, align_corners, scales, taps):
             jnp.take(x, index, axis=axis) * jnp.asarray(weight.reshape(shape), x.dtype)
             for index, weight in taps(x.shape[axis], out, scale, align_corners)
         )
-    return x
+        if integer:  # (each pass lands in the image's dtype)
+            limits = jnp.iinfo(dtype)
+            x = jnp.clip(jnp.round(x), limits.min, limits.max)
+    return x.astype(dtype) if integer else x
 
 
 @lower(
