@@ -582,9 +582,11 @@ def test_uint8_bilinear_interpolate_is_within_one_of_cpu():
     for size_in, size_out in [((6, 6), (4, 4)), ((2, 2), (3, 3)), ((8, 8), (17, 17))]:
         x = torch.randint(0, 256, (2, 3, *size_in), dtype=torch.uint8)
         for align_corners in (False, True):
-            interpolate = lambda t: torch.nn.functional.interpolate(  # noqa: E731
-                t, size=size_out, mode="bilinear", align_corners=align_corners
+            expected, actual = (
+                torch.nn.functional.interpolate(
+                    t, size=size_out, mode="bilinear", align_corners=align_corners
+                ).cpu()
+                for t in (x, x.to("tpu"))
             )
-            expected, actual = interpolate(x), interpolate(x.to("tpu")).cpu()
             assert actual.dtype == torch.uint8
             assert (expected.int() - actual.int()).abs().max() <= 1
