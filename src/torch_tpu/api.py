@@ -227,7 +227,8 @@ def reset_max_memory_allocated(device=None) -> None:
 
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:
-    """A printable table of `memory_stats`, where training scripts log torch.cuda's."""
+    """A printable table of `memory_stats`, where training scripts log torch.cuda's
+    (`abbreviated` is taken for torch.cuda's signature: the table is short either way)."""
     stats = memory_stats(device)
     rows = [("allocated", "allocated_bytes.all"), ("reserved", "reserved_bytes.all")]
     lines = [f"tpu:{_index(device if device is not None else _current_device)} memory summary",
