@@ -106,11 +106,20 @@ def _shares_storage(example_inputs) -> bool:
     seen = set()
     for x in example_inputs:
         if isinstance(x, torch.Tensor) and x.device.type == DEVICE_TYPE:
-            address = x.untyped_storage().data_ptr()  # (0: a fake's, no storage to share)
+            address = _storage_address(x)
             if address in seen:
                 return True
             seen.add(address or None)
     return False
+
+
+def _storage_address(t: torch.Tensor) -> int | None:
+    """Where t's storage is; 0 or None where it has none to share (a fake tensor, a
+    wrapper subclass such as a collective's result, whose storage refuses data_ptr)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
 
 
 def tpu(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options=None):
@@ -200,7 +209,7 @@ class _Specialising:
                 a.stride(),
                 a.dtype,
                 a.requires_grad,
-                slots.setdefault(a.untyped_storage().data_ptr(), i),
+                slots.setdefault(_storage_address(a) or -i - 1, i),
             )
             if isinstance(a, torch.Tensor)
             else a
