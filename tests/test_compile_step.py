@@ -218,7 +218,7 @@ def _donating_executables() -> int:
     count = 0
     for graph in list(runtime._LIVE):
         if graph.written_inputs:
-            for executable, _ in graph.executables.values():
+            for executable, *_ in graph.executables.values():
                 assert "input_output_alias" in executable.as_text(), graph.name
                 count += 1
     return count

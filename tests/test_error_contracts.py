@@ -222,6 +222,43 @@ def test_nonzero_out_of_the_wrong_dtype_raises():
         call("cpu")
 
 
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda view: torch.arange(-2, 0, out=view),
+        lambda view: torch.add(torch.ones(2, device=view.device), 1, out=view),
+        lambda view: torch.masked_select(  # (a result size known only after it ran)
+            torch.tensor([7.0, 8.0, 9.0], device=view.device),
+            torch.tensor([True, False, True], device=view.device),
+            out=view,
+        ),
+    ],
+)
+def test_an_out_view_resized_in_its_storage_writes_through_to_its_base(write, eager_mode):
+    """CPU resizes out= as resize_ does: within the storage, a view stays a view."""
+
+    def call(d):
+        base = torch.arange(5.0, device=d)
+        view = base[3:3]
+        write(view)
+        return base, view, view.storage_offset()
+
+    expected, actual = call("cpu"), call("tpu")
+    assert torch.equal(actual[0].cpu(), expected[0])
+    assert torch.equal(actual[1].cpu(), expected[1])
+    assert actual[2] == expected[2]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fftfreq_has_cpus_negative_half(n, dtype, eager_mode):
+    """ATen's fftfreq writes its negative half through an out= slice of its result."""
+    expected = torch.fft.fftfreq(n, 0.5, dtype=dtype)
+    torch.testing.assert_close(torch.fft.fftfreq(n, 0.5, dtype=dtype, device="tpu").cpu(), expected)
+    shifted = torch.fft.fftshift(torch.fft.fftfreq(n, dtype=dtype, device="tpu"))
+    torch.testing.assert_close(shifted.cpu(), torch.fft.fftshift(torch.fft.fftfreq(n, dtype=dtype)))
+
+
 def test_masked_select_out_is_resized():
     x, mask = torch.arange(6.0), torch.tensor([True, False] * 3)
     out = torch.empty(1, device="tpu")

@@ -74,7 +74,7 @@ def _optimizer_temporaries(width: int, steps: int = 2) -> tuple[int, int]:
     params = {id(p) for p in model.parameters()}
     temps = []
     for graph in list(runtime._LIVE):
-        for executable, written in graph.executables.values():
+        for executable, written, _ in graph.executables.values():
             if len(written) >= 3 * len(params):  # the step: parameters and two moments
                 temps.append(executable.memory_analysis().temp_size_in_bytes)
     assert temps, "no compiled optimizer step found"

@@ -28,7 +28,7 @@ def synchronize() -> None:
     """Run what fused mode has recorded, finish every unfinished collective (as a device
     synchronize waits for the communication streams too), then wait until every value
     dispatched to the device has been computed (nothing to wait for before JAX's backend
-    starts)."""
+    starts), and report a failed device check (engine/device_asserts.py)."""
     import sys
 
     fuse = sys.modules.get("torch_tpu.engine.fuse")
@@ -51,6 +51,9 @@ def synchronize() -> None:
         memory_errors.raise_if_out_of_memory(error)
         raise
     memory.sample()
+    asserts = sys.modules.get("torch_tpu.engine.device_asserts")
+    if asserts is not None:
+        asserts.raise_if_failed()  # (an index out of range since the last read)
 
 
 def _ready() -> bool:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import torch
 
 from .. import dtypes, rng, strided
+from ..engine import device_asserts
 from ..engine.executor import checked_result
 from ..engine.schema import Kind, parse
 from ..ops.registry import LOWERINGS, Lowering
@@ -229,21 +230,39 @@ def input_writes(graph: torch.fx.Graph) -> list[tuple[int, torch.fx.Node]]:
     ]
 
 
+def storage_slots(layouts: tuple) -> int:
+    """How many storages the inputs laid out by `layouts` read."""
+    return 1 + max((x[0] for x in layouts if isinstance(x, tuple)), default=-1)
+
+
+def device_checked(graph: torch.fx.Graph) -> bool:
+    """Whether a node's lowering checks index values on the device (embedding, gather,
+    nll_loss...): the graph then carries engine/device_asserts.py's flag."""
+    for node in graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            lowering = None if op_name(node.target) in SPECIAL else find_lowering(node.target)
+            if lowering is not None and lowering.device_check is not None:
+                return True
+    return False
+
+
 def build(
     graph: torch.fx.Graph,
     layouts: tuple,
     value_nodes: tuple[torch.fx.Node, ...],
     random_nodes: tuple[torch.fx.Node, ...],
     written_slots: tuple[int, ...],
+    checked: bool = False,
 ) -> Callable:
     """The pure function (flat storage arrays..., [seed, counter]) -> (flat storage arrays
     of value_nodes, each laid out with `output_strides`; new flat arrays of the storages
     in written_slots). layouts gives, per input node, (storage slot, View) for a tensor
     or the int an integer input (a size, after specialising a dynamic graph) is fixed to.
-    Inputs sharing a storage share a slot, so writes into them compose."""
+    Inputs sharing a storage share a slot, so writes into them compose. `checked`: the
+    device-check flag is one more storage after the inputs' (written_slots names it)."""
     inputs = input_nodes(graph)
     random_index = {node: k for k, node in enumerate(random_nodes)}
-    n_slots = 1 + max((x[0] for x in layouts if isinstance(x, tuple)), default=-1)
+    n_slots = storage_slots(layouts) + checked
     n_offsets = sum(isinstance(x, tuple) and type(x[1].offset) is strided.Offset for x in layouts)
     writes = input_writes(graph)
     write_nodes = {n for n in graph.nodes if n.op == "call_function" and n.target is _COPY_}
@@ -256,6 +275,7 @@ def build(
         for node, layout in zip(inputs, layouts):
             env[node] = _read_input(flats, offsets, layout)
         key_inputs = args[n_slots + n_offsets :]
+        failures = [] if checked else None
         for node in graph.nodes:
             if node.op != "call_function" or node in write_nodes:
                 continue
@@ -263,7 +283,12 @@ def build(
             if node in random_index:
                 seed, counter = key_inputs
                 key = rng.make_key(seed, counter + random_index[node])
-            env[node] = _run_node(node, env, storages, key)
+            env[node] = _run_node(node, env, storages, key, failures)
+        if checked:
+            flag = flats[n_slots - 1]
+            for name, found in failures:
+                flag = device_asserts.fold(flag, found, name)
+            flats[n_slots - 1] = flag
         for k, value in writes:
             slot, view = layouts[k]
             flats[slot] = strided.write_with(flats[slot], view, jnp.asarray(env[value]), offsets)
@@ -282,7 +307,7 @@ def _read_input(flats: list, offsets: tuple, layout):
     return strided.read_with(flats[slot], view, offsets)
 
 
-def _run_node(node: torch.fx.Node, env: dict, storages: dict, key):
+def _run_node(node: torch.fx.Node, env: dict, storages: dict, key, failures=None):
     op = node.target
     if op is operator.getitem:
         return env[node.args[0]][node.args[1]]
@@ -308,6 +333,8 @@ def _run_node(node: torch.fx.Node, env: dict, storages: dict, key):
             for a, v in zip(schema.args, values)
             if a.kind in (Kind.TENSOR, Kind.OPT_TENSOR) and isinstance(v, torch.fx.Node)
         )
+    if failures is not None and lowering.device_check is not None:
+        failures.append((f"aten::{name}", lowering.device_check(*args)))
     if lowering.random:
         args.insert(0, key)
     outputs = lowering.fn(*args, **extra)

@@ -30,7 +30,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import cache, memory_errors, metrics, precision, rng, strided
-from ..engine import donation, executor, fastpath, modes
+from ..engine import device_asserts, donation, executor, fastpath, modes
 from ..engine.fuse import Pending
 from ..tensor import Fresh, storage_of, view_of
 from . import interpret
@@ -80,6 +80,7 @@ class CompiledGraph:
         ]
         self.random_nodes = tuple(n for n in gm.graph.nodes if interpret.is_random(n))
         self.written_inputs = tuple(dict.fromkeys(k for k, _ in interpret.input_writes(gm.graph)))
+        self.checked = interpret.device_checked(gm.graph)  # (index values: device_asserts)
         self._plan(gm.graph, nodes)
         self.executables: dict = {}
         _LIVE.add(self)
@@ -115,6 +116,8 @@ class CompiledGraph:
         tensors = list(args) + self.constants
         args.clear()
         key, storages, host, offsets = self._describe(tensors)
+        if self.checked:
+            storages.append(device_asserts.flag_storage())  # (after the inputs' storages)
         arrays = [  # (an array already: no call; else zeros, or a fused segment's value)
             v if (v := s.value) is not None and type(v) is not Pending else s.array(self.reason)
             for s in storages
@@ -128,8 +131,8 @@ class CompiledGraph:
         entry = self.executables.get(key)
         if entry is None:
             entry = self.executables[key] = self._compile(self._layouts(tensors), arrays)
-        executable, written_slots = entry
-        for slot in written_slots:
+        executable, written_slots, donated_slots = entry
+        for slot in donated_slots:
             if not donation.held_only_by(arrays, slot, 2):  # its storage, this list
                 arrays[slot] = jnp.array(arrays[slot], copy=True)
                 metrics.count("compiled_graph_donation_copies")
@@ -143,6 +146,8 @@ class CompiledGraph:
             raise
         for slot, value in zip(written_slots, written):
             storages[slot].value = value
+        if self.checked:
+            device_asserts.noted()
         if host:
             bumped = []
             for k in self.written_inputs:
@@ -218,13 +223,18 @@ class CompiledGraph:
         return tuple(layouts)
 
     def _compile(self, layouts: tuple, arrays: list) -> tuple:
-        """(executable, storage slots it writes and donates) for this input layout."""
-        written_slots = tuple(dict.fromkeys(layouts[k][0] for k in self.written_inputs))
+        """(executable, storage slots it writes, those it donates) for this input layout:
+        the device-check flag is written, never donated (4 bytes; its array may be held
+        elsewhere, and a copy per call would be counted as a donation failing)."""
+        donated_slots = tuple(dict.fromkeys(layouts[k][0] for k in self.written_inputs))
+        written_slots = donated_slots
+        if self.checked:
+            written_slots += (interpret.storage_slots(layouts),)  # the flag's
         fn = interpret.build(
-            self.graph, layouts, self.value_nodes, self.random_nodes, written_slots
+            self.graph, layouts, self.value_nodes, self.random_nodes, written_slots, self.checked
         )
         example = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays)
-        return self._cache_compile(fn, example, written_slots), written_slots
+        return self._cache_compile(fn, example, donated_slots), written_slots, donated_slots
 
     def _cache_compile(self, fn, example: tuple, donate: tuple[int, ...] = ()):
         return cache.compile(

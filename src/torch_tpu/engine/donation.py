@@ -78,7 +78,7 @@ def executable(entry, arrays: tuple, dynamic: tuple, key_inputs: tuple, lowering
     found = _DONATING.get(entry)
     if found is not None:
         return found
-    written = entry.written_slots
+    written = entry.donated_slots
     kept = tuple(s for s in range(len(arrays)) if s not in written)
     program = entry.program
 

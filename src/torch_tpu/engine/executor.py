@@ -24,8 +24,18 @@ from torch._subclasses.fake_tensor import DataDependentOutputException
 from .. import cache, dtypes, memory_errors, metrics, precision, rng, strided
 from ..ops.pointwise import convert, scalar_type_name
 from ..ops.registry import Lowering
-from ..tensor import Fresh, new_tensor, replace_storage, storage_of, view_of
-from . import arguments, debug, donation, fastpath, fuse, modes, random_buckets, refusals
+from ..tensor import Fresh, new_tensor, storage_of, view_of
+from . import (
+    arguments,
+    debug,
+    device_asserts,
+    donation,
+    fastpath,
+    fuse,
+    modes,
+    random_buckets,
+    refusals,
+)
 from .schema import Kind, OpSchema
 
 DEVICE_TYPE = "tpu"
@@ -186,6 +196,9 @@ class _Executable:
     signature: list = field(default_factory=list)  # (arg, storage shape, dtype) per slot
     recheck: bool = False  # the lowering's check depends on values: run it on every call
     traced: bool = False  # the program traced once without error (fused mode checks first)
+    # written_slots less the device-check flag's (engine/device_asserts.py): what strict
+    # mode donates (a 4-byte flag is not worth a donating executable of its own)
+    donated_slots: tuple[int, ...] = ()
 
 
 _CACHE: dict[tuple, _Executable] = {}
@@ -221,6 +234,8 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
                 return _record(spec, entry, values, fast[1], fast[2])
     inputs = _Inputs()
     layout = _layout(spec, values, inputs)
+    if spec.lowering.device_check is not None:
+        inputs.storages.append(device_asserts.flag_storage())  # (the last slot)
     key = (spec, layout)
     entry = _CACHE.get(key)
     metrics.count("ops_dispatched")
@@ -242,7 +257,10 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
             check(values)  # (debug mode also checks values that cost a sync: index bounds)
     if entry.resize:  # out= arguments of the wrong size: resize them, then run
         for index, shape in entry.resize.items():
-            replace_storage(values[index], shape)
+            # resize_, as CPU's resize_output: in place where the storage holds the new
+            # size, so an out= view stays a view (ATen's fftfreq writes its negative half
+            # through an empty slice of its output grown this way)
+            values[index].resize_(shape)
         return _run(spec, args, kwargs)
     result = _call(spec, entry, values, inputs)
     if fast is not None:  # it ran: later calls that look the same take the fast path
@@ -284,7 +302,7 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
     arrays = tuple([s.array() for s in storages])
     dynamic = fastpath.device_scalars(dynamic)
     key_inputs = _key_inputs(spec)
-    written = entry.written_slots
+    written = entry.donated_slots
     if written and donation.possible(arrays, written) and not (
         modes.check_nans and modes.current is _DEBUG
     ):
@@ -304,6 +322,8 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
 def _results(spec: OpSpec, entry: _Executable, values: list, storages: list, fresh, written):
     for slot, value in zip(entry.written_slots, written):
         storages[slot].value = value
+    if spec.lowering.device_check is not None:
+        device_asserts.noted()
     makers = _MAKERS.get(entry)
     if makers is None:
         makers = _MAKERS[entry] = tuple(_maker(meta) for meta in entry.fresh)
@@ -537,7 +557,12 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
             entry = layout[target]
             refs = [entry[1]] if entry[0] == "t" else [r for r in entry[1] if r is not None]
             written.extend(slot for slot, _ in refs if slot not in written)
-    program = _program(spec, layout, fresh_meta, tuple(written), out_dtypes)
+    donated = tuple(written)
+    flag_slot = None
+    if spec.lowering.device_check is not None:
+        flag_slot = len(_abstract_storages(layout))  # (appended after the arguments')
+        written.append(flag_slot)
+    program = _program(spec, layout, fresh_meta, tuple(written), out_dtypes, flag_slot)
     return _Executable(
         None,
         program,
@@ -546,6 +571,7 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         {},
         spec.schema.name,
         _signature(spec, layout),
+        donated_slots=donated,
     )
 
 
@@ -676,10 +702,11 @@ def _abstract_dynamic(layout):
 
 
 def _program(
-    spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple, out_dtypes=None
+    spec: OpSpec, layout: tuple, fresh_meta, written_slots: tuple, out_dtypes=None, flag_slot=None
 ):
     """The pure function that becomes one XLA executable for this call's geometry
-    (out_dtypes: `_out_result_dtypes`)."""
+    (out_dtypes: `_out_result_dtypes`; flag_slot: the device-check flag's storage, which
+    the program also writes, when the lowering has a device check)."""
     lowering = spec.lowering
     extra = {}
     if lowering.contiguity:
@@ -715,13 +742,16 @@ def _program(
             return entry[1]
 
         lowering_inputs = [arg(layout[i]) for i in spec.lowering_args]
+        new = {}
+        if flag_slot is not None:
+            failures = lowering.device_check(*lowering_inputs)
+            new[flag_slot] = device_asserts.fold(storages[flag_slot], failures, spec.schema.name)
         if lowering.random:
             lowering_inputs.insert(0, rng.make_key(*key_inputs))
         outputs = lowering.fn(*lowering_inputs, **extra)
         if len(spec.targets) == 1 or not isinstance(outputs, (tuple, list)):
             outputs = (outputs,)
         fresh = []
-        new = {}
         fresh_index = 0
         for k, (out, target) in enumerate(zip(outputs, spec.targets)):
             if out_dtypes is not None and out_dtypes[k] is not None:
@@ -808,7 +838,7 @@ def _write_out(spec: OpSpec, out: torch.Tensor, result: torch.Tensor) -> None:
             f"{scalar_type_name(result.dtype)} but got scalar type {scalar_type_name(out.dtype)}"
         )
     if tuple(out.shape) != tuple(result.shape):
-        replace_storage(out, tuple(result.shape))
+        out.resize_(tuple(result.shape))  # (as `_run`'s out= resizing)
     out.copy_(result)
 
 
@@ -865,8 +895,11 @@ def download(t: torch.Tensor, reason: str):
     try:
         if strided.spans_storage(view):
             # the whole storage, once: no read program to compile for this shape
-            return strided.host_read(np.asarray(storage.array(reason)), view)
-        return np.asarray(device_value(t, reason))
+            host = strided.host_read(np.asarray(storage.array(reason)), view)
+        else:
+            host = np.asarray(device_value(t, reason))
     except jax.errors.JaxRuntimeError as error:  # (a computation's error surfaces here)
         memory_errors.raise_if_out_of_memory(error)
         raise
+    device_asserts.raise_if_failed()
+    return host

@@ -23,6 +23,7 @@ import jax
 import torch
 
 from .. import cache, dtypes, platform, strided
+from . import device_asserts
 from .schema import Kind
 
 _FAST: dict[tuple, object] = {}  # signature -> the general path's _Executable
@@ -85,6 +86,8 @@ def signature(spec, values: list):
                 dynamic.append(v)
         else:  # index lists: CPU indices and None entries, the general path's job
             return None
+    if spec.lowering.device_check is not None:
+        storages.append(device_asserts.flag_storage())  # (as the general path: last)
     return tuple(key), storages, dynamic
 
 

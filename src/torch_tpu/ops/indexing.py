@@ -239,11 +239,55 @@ _check_wrapping = _along_check(RuntimeError, wraps=True)
 _check_index_select = _along_check(IndexError, "index out of range in self")
 
 
+def outside(index, lowest: int, size: int):
+    """Traced: whether any value of index lies outside [lowest, size)."""
+    return jnp.any((index < lowest) | (index >= size))
+
+
+def _along_device_check(error: type, message: str | None = None):
+    """The device-side half of `_along_check` (engine/device_asserts.py): the same
+    range, judged in the program in strict and fused modes."""
+
+    def device_check(self, dim, index, *rest) -> list:
+        dim %= max(self.ndim, 1)
+        size = self.shape[dim] if self.ndim else 1
+        words = message or f"an index is out of bounds for dimension {dim} with size {size}"
+        return [(outside(index, 0, size), error, words)]
+
+    return device_check
+
+
+_gather_device_check = _along_device_check(RuntimeError)
+_index_select_device_check = _along_device_check(IndexError, "index out of range in self")
+
+
+def _indices_device_check(self, indices, *rest) -> list:
+    """x[indices]'s and index_put's integer indices against their dims, as
+    `_check_indices` judges them (negatives from -size)."""
+    failures, dim = [], 0
+    for ix in indices:
+        if ix is None:
+            dim += 1
+        elif ix.dtype == jnp.bool_ or ix.dtype == jnp.uint8:
+            dim += ix.ndim
+        else:
+            size = self.shape[dim] if dim < self.ndim else 1
+            words = f"an index is out of bounds for dimension {dim} with size {size}"
+            failures.append((outside(ix, -size, size), IndexError, words))
+            dim += 1
+    return failures
+
+
 def _has_mask(values) -> bool:
     return any(ix is not None and ix.dtype in (torch.bool, torch.uint8) for ix in values[1])
 
 
-@lower("index.Tensor", dynamic_shape=_has_mask, check=_check_index)
+@lower(
+    "index.Tensor",
+    dynamic_shape=_has_mask,
+    check=_check_index,
+    device_check=_indices_device_check,
+)
 def index(self, indices):
     """Dynamic only when a bool mask's True count sets the shape; integer indices
     run as one cached executable (and fuse in fused mode)."""
@@ -323,12 +367,14 @@ def _index_put(self, indices, values, accumulate):
     return self.at[where].set(values, mode="drop")
 
 
-@lower("index_put.default", check=_check_index_put)
+@lower("index_put.default", check=_check_index_put, device_check=_indices_device_check)
 def index_put(self, indices, values, accumulate=False):
     return _index_put(self, indices, values, accumulate)
 
 
-@lower("_index_put_impl_.default", check=_check_index_put)
+@lower(
+    "_index_put_impl_.default", check=_check_index_put, device_check=_indices_device_check
+)
 def index_put_impl(self, indices, values, accumulate=False, unsafe=False):
     return _index_put(self, indices, values, accumulate)
 
@@ -360,7 +406,7 @@ def _scalar_safe(fn):
     return wrapped
 
 
-@lower("gather.default", check=_check_gather)
+@lower("gather.default", check=_check_gather, device_check=_gather_device_check)
 def gather(self, dim, index, sparse_grad=False):
     if self.ndim == 0 or index.ndim == 0 or index.size == 0:
         return jnp.atleast_1d(self)[jnp.atleast_1d(index)].reshape(index.shape)
@@ -375,7 +421,9 @@ def _src(src, index, dtype):
     return src[tuple(slice(0, n) for n in index.shape)].astype(dtype)
 
 
-@lower("scatter.src", "scatter.value", check=_check_gather)
+@lower(
+    "scatter.src", "scatter.value", check=_check_gather, device_check=_gather_device_check
+)
 @_scalar_safe
 def scatter(self, dim, index, src):
     return self.at[_dim_indices(index, dim)].set(_src(src, index, self.dtype))
@@ -412,14 +460,19 @@ def _reduce_at(base, where, src, reduce: str, include_self: bool = True):
     return out / count if jnp.issubdtype(base.dtype, jnp.inexact) else out // count
 
 
-@lower("scatter.reduce", "scatter.value_reduce", check=_check_gather)
+@lower(
+    "scatter.reduce",
+    "scatter.value_reduce",
+    check=_check_gather,
+    device_check=_gather_device_check,
+)
 @_scalar_safe
 def scatter_reduce_legacy(self, dim, index, src, reduce):
     reduce = "sum" if reduce == "add" else "prod"
     return _reduce_at(self, _dim_indices(index, dim), _src(src, index, self.dtype), reduce)
 
 
-@lower("scatter_add.default", check=_check_gather)
+@lower("scatter_add.default", check=_check_gather, device_check=_gather_device_check)
 @_scalar_safe
 def scatter_add(self, dim, index, src):
     return _reduce_at(self, _dim_indices(index, dim), _src(src, index, self.dtype), "sum")
@@ -442,7 +495,9 @@ def _check_scatter_reduce(values: list) -> bool:
     return _check_gather(values)
 
 
-@lower("scatter_reduce.two", check=_check_scatter_reduce)
+@lower(
+    "scatter_reduce.two", check=_check_scatter_reduce, device_check=_gather_device_check
+)
 @_scalar_safe
 def scatter_reduce(self, dim, index, src, reduce, include_self=True):
     reduce = _REDUCE_ALIASES.get(reduce, reduce)
@@ -469,26 +524,36 @@ def _along(fn):
     return wrapped
 
 
-@lower("index_select.default", check=_check_index_select)
+@lower(
+    "index_select.default",
+    check=_check_index_select,
+    device_check=_index_select_device_check,
+)
 def index_select(self, dim, index):
     if self.ndim == 0:
         return self
     return jnp.take(self, index.reshape(-1), axis=dim % self.ndim, mode="clip")
 
 
-@lower("index_add.default", check=_check_index_select)
+@lower(
+    "index_add.default", check=_check_index_select, device_check=_index_select_device_check
+)
 @_along
 def index_add(self, index, source, alpha=1):
     return _reduce_at(self, index, source * alpha, "sum")
 
 
-@lower("index_reduce.default", check=_check_index_select)
+@lower(
+    "index_reduce.default",
+    check=_check_index_select,
+    device_check=_index_select_device_check,
+)
 @_along
 def index_reduce(self, index, source, reduce, include_self=True):
     return _reduce_at(self, index, source, reduce, include_self)
 
 
-@lower("index_copy.default", check=_check_gather)
+@lower("index_copy.default", check=_check_gather, device_check=_gather_device_check)
 @_along
 def index_copy(self, index, source):
     return self.at[index].set(source.astype(self.dtype), mode="drop")
@@ -584,7 +649,13 @@ def nonzero_static(self, size, fill_value=-1):
 # --------------------------------------------------------------------- take/put
 
 
-@lower("take.default")
+def _take_device_check(self, index) -> list:
+    n = self.size
+    words = f"out of range: an index on a tensor of {n} elements"
+    return [(outside(index, -n, n), IndexError, words)]
+
+
+@lower("take.default", device_check=_take_device_check)
 def take(self, index):
     return self.reshape(-1)[index]
 

@@ -20,6 +20,7 @@ import torch
 from jax import lax
 
 from .. import dtypes, precision
+from .indexing import outside
 from .pointwise import scalar_type_name
 from .registry import lower
 
@@ -488,7 +489,11 @@ def native_dropout_backward(grad_output, mask, scale):
 # ----------------------------------------------------------------- embedding
 
 
-@lower("embedding.default")
+def _embedding_device_check(weight, indices, *rest) -> list:
+    return [(outside(indices, 0, weight.shape[0]), IndexError, "index out of range in self")]
+
+
+@lower("embedding.default", device_check=_embedding_device_check)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices, axis=0)
 
@@ -558,7 +563,18 @@ def _check_nll_loss(values: list) -> None:
         )
 
 
-@lower("nll_loss_forward.default", "nll_loss2d_forward.default", check=_check_nll_loss)
+def _nll_loss_device_check(self, target, weight, reduction, ignore_index) -> list:
+    classes = self.shape[0 if self.ndim == 1 else 1]
+    bad = (target != ignore_index) & ((target < 0) | (target >= classes))
+    return [(jnp.any(bad), IndexError, "a target is out of bounds")]
+
+
+@lower(
+    "nll_loss_forward.default",
+    "nll_loss2d_forward.default",
+    check=_check_nll_loss,
+    device_check=_nll_loss_device_check,
+)
 def nll_loss_forward(self, target, weight, reduction, ignore_index):
     x = _up(self)
     axis, safe, w = _nll_parts(x, target, weight, ignore_index)

@@ -43,6 +43,10 @@ class Lowering:
     # meta raises the wrong type): called with the op's bound arguments before anything
     # runs, on every call, so it must be cheap and sync only where CPU would (bool masks)
     check: Callable[[list], None] | None = None
+    # index values CPU refuses, judged on the device without a sync (strict and fused
+    # modes; engine/device_asserts.py): called in the program with the lowering's inputs,
+    # returns [(traced bool "some value is out of range", error type, CPU's message)]
+    device_check: Callable[..., list] | None = None
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -65,6 +69,7 @@ def lower(
     skip_meta: bool = False,
     runtime_floats: tuple[str, ...] = (),
     check: Callable[[list], None] | None = None,
+    device_check: Callable[..., list] | None = None,
     replace: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register fn as the lowering of each named overload: an aten one, or
@@ -87,6 +92,7 @@ def lower(
                 skip_meta=skip_meta,
                 runtime_floats=runtime_floats,
                 check=check,
+                device_check=device_check,
             )
         return fn
 

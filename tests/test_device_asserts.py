@@ -1,0 +1,124 @@
+"""Index values out of range: CPU refuses them at the call; tpu checks them on the device
+and raises CPU's error type at the next host read, in every eager mode (before, strict
+and fused modes clamped or dropped them and returned wrong numbers without an error)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+
+
+def _t(values, device):
+    return torch.tensor(values, device=device)
+
+
+def _weights(device):
+    return torch.arange(40.0).view(10, 4).to(device)
+
+
+def _scores(device):
+    return torch.arange(20.0).view(4, 5).to(device)
+
+
+CASES = {
+    "embedding past the vocabulary": lambda d: F.embedding(_t([1, 12], d), _weights(d)),
+    "embedding negative": lambda d: F.embedding(_t([-1, 2], d), _weights(d)),
+    "cross_entropy class past the classes": lambda d: F.cross_entropy(
+        _scores(d), _t([0, 1, 7, 2], d)
+    ),
+    "cross_entropy negative class": lambda d: F.cross_entropy(_scores(d), _t([0, -3, 1, 2], d)),
+    "nll_loss2d": lambda d: F.nll_loss(
+        torch.zeros(2, 3, 4, 4, device=d), torch.full((2, 4, 4), 3, device=d)
+    ),
+    "gather": lambda d: _scores(d).gather(1, _t([[0], [5], [1], [1]], d)),
+    "scatter_add": lambda d: torch.zeros(3, device=d).scatter_add(
+        0, _t([3], d), torch.ones(1, device=d)
+    ),
+    "one_hot": lambda d: F.one_hot(_t([0, 3], d), 3),
+    "x[idx]": lambda d: _scores(d)[_t([0, 4], d)],
+    "x[idx] negative": lambda d: _scores(d)[_t([-5], d)],
+    "x[:, idx]": lambda d: _scores(d)[:, _t([5], d)],
+    "index_select negative": lambda d: _scores(d).index_select(0, _t([3, -1], d)),
+    "index_put_": lambda d: _scores(d).index_put_((_t([9], d),), torch.tensor(1.0, device=d)),
+    "take": lambda d: _scores(d).take(_t([20], d)),
+    "index_add_": lambda d: torch.zeros(3, device=d).index_add_(
+        0, _t([3], d), torch.ones(1, device=d)
+    ),
+}
+
+
+def _cpu_error(fn) -> type:
+    with pytest.raises(Exception) as raised:
+        fn("cpu")
+    return type(raised.value)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_an_index_out_of_range_raises_cpus_error_type_by_the_next_read(case, eager_mode):
+    fn = CASES[case]
+    expected = _cpu_error(fn)
+    with pytest.raises(expected) as raised:
+        fn("tpu").cpu()
+    if eager_mode != "debug":  # (debug mode raises at the call, with CPU's own words)
+        assert "since the last host read" in str(raised.value)
+    # reported once: the device goes on, and the next reads see no error
+    torch.tpu.synchronize()
+    assert torch.ones(2, device="tpu").sum().item() == 2.0
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_the_error_names_the_op_and_waits_for_a_read(mode):
+    with torch.tpu.set_eager_mode(mode):
+        weights = _weights("tpu")
+        rows = F.embedding(_t([1, 12], "tpu"), weights)  # no error yet: nothing was read
+        doubled = rows * 2
+        with pytest.raises(IndexError, match=r"index out of range in self.*embedding"):
+            torch.tpu.synchronize()
+        assert torch.equal(weights.cpu(), _weights("cpu"))  # reported once
+        del doubled
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_values_cpu_accepts_compute_cpus_results_without_an_error(mode):
+    cases = [
+        lambda d: _scores(d)[_t([-4, 3], d)],  # negatives from -size
+        lambda d: _scores(d).take(_t([-20, 19], d)),
+        lambda d: F.cross_entropy(_scores(d), _t([0, -100, 4, 2], d)),  # ignore_index
+        lambda d: F.embedding(_t([0, 9], d), _weights(d)),
+        lambda d: _scores(d).gather(1, _t([[0], [4], [1], [1]], d)),
+        lambda d: F.one_hot(_t([0, 2], d), 3),
+    ]
+    with torch.tpu.set_eager_mode(mode):
+        for fn in cases:
+            torch.testing.assert_close(fn("tpu").cpu(), fn("cpu"))
+        torch.tpu.synchronize()
+
+
+def test_an_in_place_checked_op_still_donates_its_buffer():
+    with torch.tpu.set_eager_mode("strict"):
+        x = torch.zeros(1000, device="tpu")
+        index, ones = _t([3, 5], "tpu"), torch.ones(2, device="tpu")
+        x.index_add_(0, index, ones)
+        torch_tpu.metrics.reset()
+        x.index_add_(0, index, ones)
+        assert torch_tpu.metrics.snapshot().get("buffers_donated") == 1  # x's, not the flag's
+        assert x.sum().item() == 4.0
+
+
+def test_compiled_graphs_check_index_values_too():
+    embedding, head = torch.nn.Embedding(10, 4).to("tpu"), torch.nn.Linear(4, 5).to("tpu")
+
+    def step(tokens, target):
+        return F.cross_entropy(head(embedding(tokens)), target)
+
+    compiled = torch.compile(step, backend="tpu")
+    good = (_t([1, 2], "tpu"), _t([0, 4], "tpu"))
+    torch.testing.assert_close(compiled(*good).cpu(), step(*good).cpu())
+    for tokens, target, op in [([1, 12], [0, 4], "embedding"), ([1, 2], [0, 5], "nll_loss")]:
+        with pytest.raises(IndexError, match=op):
+            compiled(_t(tokens, "tpu"), _t(target, "tpu")).item()
+    compiled(*good).backward()  # the graph goes on, with its backward
+    assert embedding.weight.grad[1:3].abs().sum().item() > 0
