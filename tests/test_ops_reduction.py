@@ -11,6 +11,7 @@ from conftest import (
     assert_same,
     assert_same_error,
     assert_same_grad,
+    assert_same_outcome,
     lowered_packets,
     no_fallback,
     packet,
@@ -425,3 +426,25 @@ def test_deterministic_mode_computes_what_cpu_computes(eager_mode, op):
             assert torch.are_deterministic_algorithms_enabled()
             assert torch.is_deterministic_algorithms_warn_only_enabled() is warn_only
         torch.testing.assert_close(to_cpu(actual), expected)
+
+
+def test_histc_refuses_min_above_max_on_every_call(eager_mode):
+    """The bounds are not part of the cache key: a valid call first must not let a later
+    invalid one through (it returned all-zero bins)."""
+    x = torch.tensor([1.0, 2.0, 3.0])
+    assert_same_outcome(lambda d: torch.histc(x.to(d), bins=4, min=0, max=3))
+    assert_same_outcome(lambda d: torch.histc(x.to(d), bins=4, min=5, max=1))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.bincount(torch.tensor([[1, 2]], device=d)),
+        lambda d: torch.bincount(torch.tensor([1, 3], device=d), minlength=-1),
+        lambda d: torch.bincount(torch.tensor([1.0, 2.0], device=d)),
+        lambda d: torch.bincount(torch.tensor([1, 2], device=d), torch.ones(3, device=d)),
+        lambda d: torch.bincount(torch.tensor([1, 3], device=d), minlength=6),
+    ],
+)
+def test_bincount_refuses_what_cpu_refuses(call):
+    assert_same_outcome(call)

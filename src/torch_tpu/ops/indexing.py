@@ -829,9 +829,20 @@ def _bincount(self, weights, length: int):
 
 
 def _check_bincount(values: list) -> bool:
-    self = values[0]
-    if self.numel() and int(self.min()) < 0:  # (one more host read: bincount reads the max)
+    """CPU's refusals (a 2-D input was counted flattened, a negative minlength gave a
+    result, a float input failed inside the lowering)."""
+    self, weights, minlength = values[0], values[1], values[2]
+    if self.is_floating_point() or self.is_complex() or self.dtype == torch.bool:
+        raise NotImplementedError(
+            f'"bincount_cpu" not implemented for \'{scalar_type_name(self.dtype)}\''
+        )
+    if self.dim() != 1 or (self.numel() and int(self.min()) < 0):
+        # (one more host read: bincount reads the max)
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != self.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
     return True
 
 
@@ -845,6 +856,8 @@ def _check_histc(values: list) -> bool:
     that means reading the data's extremes, as CPU does (one host read): a NaN or inf
     in the data gave an all-zero or partial histogram here."""
     self, low, high = values[0], values[2], values[3]
+    if low > high:  # (every call: the bounds are not part of the cache key)
+        raise RuntimeError("torch.histc: max must be larger than min")
     if low == high and self.numel():
         low, high = (float(v) for v in torch.aminmax(self.detach()))
     if not (math.isfinite(low) and math.isfinite(high)):
