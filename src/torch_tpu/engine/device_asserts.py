@@ -61,6 +61,16 @@ def noted() -> None:
     _unread = True
 
 
+def prefetch() -> None:
+    """At a host read, once the value read is dispatched: start copying the flag to the
+    host, so that its transfer overlaps the value's rather than following it (not on
+    XLA:CPU, where there is no transfer and starting one costs more than the read)."""
+    if _unread and platform.device().platform != "cpu":
+        value = flag_storage().value
+        if value is not None and hasattr(value, "copy_to_host_async"):
+            value.copy_to_host_async()
+
+
 def raise_if_failed() -> None:
     """At a host read: raise the error of the first failed check since the last one."""
     global _unread

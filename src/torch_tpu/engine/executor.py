@@ -895,9 +895,13 @@ def download(t: torch.Tensor, reason: str):
     try:
         if strided.spans_storage(view):
             # the whole storage, once: no read program to compile for this shape
-            host = strided.host_read(np.asarray(storage.array(reason)), view)
+            array = storage.array(reason)
+            device_asserts.prefetch()
+            host = strided.host_read(np.asarray(array), view)
         else:
-            host = np.asarray(device_value(t, reason))
+            array = device_value(t, reason)
+            device_asserts.prefetch()
+            host = np.asarray(array)
     except jax.errors.JaxRuntimeError as error:  # (a computation's error surfaces here)
         memory_errors.raise_if_out_of_memory(error)
         raise
