@@ -471,3 +471,39 @@ def test_masked_scatter_refuses_a_source_shorter_than_the_mask(eager_mode, scatt
     """The lowering reused the source's last value for the mask's extra ones, where CPU
     raises."""
     assert_same_error(scatter)
+
+
+def _seq(d):
+    return torch.tensor([1, 2, 3], device=d)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch.searchsorted(_seq(d), _seq(d), side="bad"),
+        lambda d: torch.searchsorted(_seq(d), _seq(d), right=True, side="left"),
+        lambda d: torch.searchsorted(_seq(d), 2.5, sorter=torch.tensor([0, 1], device=d)),
+        lambda d: torch.searchsorted(_seq(d), 2.5, sorter=torch.tensor([0, 1, 3], device=d)),
+        lambda d: torch.searchsorted(_seq(d), 2.5, sorter=torch.tensor([-1, 1, 2], device=d)),
+        lambda d: torch.searchsorted(torch.tensor([[1, 2, 3], [4, 5, 6]], device=d), 1),
+        lambda d: torch.searchsorted(torch.zeros(2, 3, device=d), torch.zeros(3, 1, device=d)),
+        lambda d: torch.bucketize(torch.zeros(2, 2, device=d), torch.zeros(2, 3, device=d)),
+        lambda d: torch.searchsorted(_seq(d), 2.5, sorter=torch.tensor([2, 1, 0], device=d)),
+        lambda d: torch.bucketize(torch.tensor([0.5, 2.5], device=d), _seq(d).float()),
+    ],
+)
+def test_searchsorted_and_bucketize_refuse_what_cpu_refuses(call, eager_mode):
+    expected = _raised_or_value(lambda: call("cpu"))
+    actual = _raised_or_value(lambda: call("tpu").cpu())
+    if isinstance(expected, Exception):
+        assert isinstance(actual, type(expected)), actual
+        assert str(expected) in str(actual)
+    else:
+        assert torch.equal(actual, expected)
+
+
+def _raised_or_value(fn):
+    try:
+        return fn()
+    except Exception as error:  # the outcome under test
+        return error

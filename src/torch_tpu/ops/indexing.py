@@ -806,14 +806,51 @@ def _search(sorted_sequence, values, right, side, sorter, out_int32):
     return found.reshape(values.shape).astype(out_dtype)
 
 
-@lower("searchsorted.Tensor", "searchsorted.Scalar")
+def _cpu_stand_ins(values: list) -> list:
+    return [
+        torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
+        for v in values
+    ]
+
+
+def _check_searchsorted(values: list) -> bool:
+    """CPU's argument checks, which PyTorch's meta kernel lacks (side's words, side
+    against right, the sorter's dtype and size, the leading dims, a scalar against
+    n-d boundaries; tpu computed all of them): CPU's kernel run on zeros of the call's
+    shapes at a key's first call. They read no values; the sorter's are checked on
+    the device."""
+    sequence, value, out_int32, right, side, sorter = _cpu_stand_ins(values)
+    torch.searchsorted(sequence, value, out_int32=out_int32, right=right, side=side, sorter=sorter)
+    return False
+
+
+def _searchsorted_device_check(sorted_sequence, self, out_int32, right, side, sorter) -> list:
+    if sorter is None:
+        return []
+    bad = outside(sorter, 0, sorted_sequence.shape[-1])
+    return [(bad, RuntimeError, "torch.searchsorted(): sorter index out of range")]
+
+
+def _check_bucketize(values: list) -> bool:
+    """As `_check_searchsorted`: CPU refuses boundaries of more than one dim."""
+    value, boundaries, out_int32, right = _cpu_stand_ins(values)
+    torch.bucketize(value, boundaries, out_int32=out_int32, right=right)
+    return False
+
+
+@lower(
+    "searchsorted.Tensor",
+    "searchsorted.Scalar",
+    check=_check_searchsorted,
+    device_check=_searchsorted_device_check,
+)
 def searchsorted(sorted_sequence, self, out_int32=False, right=False, side=None, sorter=None):
     dtype = jnp.result_type(sorted_sequence, self)
     values = jnp.asarray(self).astype(dtype)
     return _search(sorted_sequence.astype(dtype), values, right, side, sorter, out_int32)
 
 
-@lower("bucketize.Tensor", "bucketize.Scalar")
+@lower("bucketize.Tensor", "bucketize.Scalar", check=_check_bucketize)
 def bucketize(self, boundaries, out_int32=False, right=False):
     dtype = jnp.result_type(boundaries, self)
     values = jnp.asarray(self).astype(dtype)
