@@ -448,3 +448,21 @@ def test_histc_refuses_min_above_max_on_every_call(eager_mode):
 )
 def test_bincount_refuses_what_cpu_refuses(call):
     assert_same_outcome(call)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: x.amax(dim=1),
+        lambda x: x.amin(dim=(0, 1)),
+        lambda x: x.amax(),
+        lambda x: x.amax(dim=0),
+        lambda x: x.argmax(),
+        lambda x: x.argmin(),
+        lambda x: x.argmin(dim=1),
+        lambda x: x.argmax(dim=0),
+        lambda x: x.bool().argmax(dim=0),
+    ],
+)
+def test_extremes_of_an_empty_tensor_raise_cpus_error_type(call, eager_mode):
+    assert_same_outcome(lambda d: call(torch.zeros(2, 0, 4, device=d)))

@@ -61,6 +61,32 @@ def _check_reduced_dim(name: str, at: int = 1):
     return check
 
 
+def _check_empty_extremes(name: str, all_dims_error: type = RuntimeError):
+    """CPU's errors for amax/amin/argmax/argmin with nothing to reduce (the meta kernels
+    raise RuntimeError, or argmin's words "argmax", where CPU raises these)."""
+    arg = name.startswith("arg")
+
+    def check(values: list) -> bool:
+        self, dim = values[0], values[1]
+        if arg:
+            _check_not_bool(name)(values)
+        if self.numel():
+            return False
+        dims = [] if dim is None else [dim] if isinstance(dim, int) else list(dim)
+        if not dims:
+            raise all_dims_error(
+                f"{name}(): Expected reduction dim to be specified for input.numel() == 0."
+                + ("" if arg else " Specify the reduction dim with the 'dim' argument.")
+            )
+        for d in dims:
+            d = canonicalize_dim(self.dim(), d)
+            if self.dim() and self.shape[d] == 0:
+                raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+        return False
+
+    return check
+
+
 def _check_dim(at: int):
     """CPU's IndexError for a dim (values[at]) out of range, where the meta kernel wraps
     it (sort)."""
@@ -290,12 +316,12 @@ def min_all(self):
     return jnp.min(self)
 
 
-@lower("amax.default")
+@lower("amax.default", check=_check_empty_extremes("amax"))
 def amax(self, dim=(), keepdim=False):
     return jnp.max(self, axis=_axes(self, dim), keepdims=keepdim)
 
 
-@lower("amin.default")
+@lower("amin.default", check=_check_empty_extremes("amin"))
 def amin(self, dim=(), keepdim=False):
     return jnp.min(self, axis=_axes(self, dim), keepdims=keepdim)
 
@@ -325,12 +351,12 @@ def _arg(select, x, dim, keepdim):
     return _like_input(index, x)
 
 
-@lower("argmax.default", check=_check_not_bool("argmax"))
+@lower("argmax.default", check=_check_empty_extremes("argmax", IndexError))
 def argmax(self, dim=None, keepdim=False):
     return _arg(jnp.argmax, self, dim, keepdim)
 
 
-@lower("argmin.default", check=_check_not_bool("argmin"))
+@lower("argmin.default", check=_check_empty_extremes("argmin", IndexError))
 def argmin(self, dim=None, keepdim=False):
     return _arg(jnp.argmin, self, dim, keepdim)
 
