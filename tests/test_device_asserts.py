@@ -44,6 +44,15 @@ CASES = {
     "index_select negative": lambda d: _scores(d).index_select(0, _t([3, -1], d)),
     "index_put_": lambda d: _scores(d).index_put_((_t([9], d),), torch.tensor(1.0, device=d)),
     "take": lambda d: _scores(d).take(_t([20], d)),
+    "embedding_bag past the rows": lambda d: F.embedding_bag(
+        _t([1, 12], d), _weights(d), _t([0], d)
+    ),
+    "embedding_bag offsets past the input": lambda d: F.embedding_bag(
+        _t([1, 2], d), _weights(d), _t([0, 5], d)
+    ),
+    "embedding_bag first offset not 0": lambda d: F.embedding_bag(
+        _t([1, 2], d), _weights(d), _t([1, 2], d)
+    ),
     "index_add_": lambda d: torch.zeros(3, device=d).index_add_(
         0, _t([3], d), torch.ones(1, device=d)
     ),
@@ -90,6 +99,7 @@ def test_values_cpu_accepts_compute_cpus_results_without_an_error(mode):
         lambda d: F.embedding(_t([0, 9], d), _weights(d)),
         lambda d: _scores(d).gather(1, _t([[0], [4], [1], [1]], d)),
         lambda d: F.one_hot(_t([0, 2], d), 3),
+        lambda d: F.embedding_bag(_t([1, 9, 0], d), _weights(d), _t([0, 2], d), mode="max"),
     ]
     with torch.tpu.set_eager_mode(mode):
         for fn in cases:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .indexing import outside
 from .registry import lower
 
 _SUM, _MEAN, _MAX = 0, 1, 2
@@ -37,7 +38,26 @@ def _counted(indices, bag, num_bags, padding_idx):
     return valid & (indices != padding_idx) if padding_idx >= 0 else valid
 
 
-@lower("_embedding_bag.default", "_embedding_bag_forward_only.default")
+def _embedding_bag_device_check(weight, indices, offsets, *rest) -> list:
+    """CPU's value checks (engine/device_asserts.py): indices within the weight's rows,
+    offsets starting at 0 and not past the input."""
+    rows = weight.shape[0]
+    words = f"an index of input takes a value which is not in the valid range [0, {rows})"
+    failures = [(outside(indices, 0, rows), RuntimeError, words)]
+    if offsets is not None and offsets.ndim == 1 and offsets.shape[0] and indices.ndim == 1:
+        length = indices.shape[0]
+        first = "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to "
+        failures.append((offsets[0] != 0, RuntimeError, first + "start from position 0"))
+        last = f"offsets[-1] can not be greater than input's length {length}"
+        failures.append((offsets[-1] > length, RuntimeError, last))
+    return failures
+
+
+@lower(
+    "_embedding_bag.default",
+    "_embedding_bag_forward_only.default",
+    device_check=_embedding_bag_device_check,
+)
 def embedding_bag(
     weight, indices, offsets, scale_grad_by_freq=False, mode=_SUM, sparse=False,
     per_sample_weights=None, include_last_offset=False, padding_idx=-1,
