@@ -590,3 +590,22 @@ def test_uint8_bilinear_interpolate_is_within_one_of_cpu():
             )
             assert actual.dtype == torch.uint8
             assert (expected.int() - actual.int()).abs().max() <= 1
+
+
+def test_threshold_in_place_on_an_expanded_tensor_as_cpu(eager_mode):
+    """CPU's threshold_ accepts a self-overlapping target (it is idempotent); relu_ and
+    the other in-place activations refuse one on both."""
+
+    def call(d):
+        x = torch.tensor([[0.2, 0.7, -1.0, 0.5]], device=d).expand(3, 4)
+        torch.nn.functional.threshold_(x, 0.5, -2.0)
+        return x.clone()
+
+    torch.testing.assert_close(call("tpu").cpu(), call("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bfloat16])
+def test_threshold_matches_cpu(dtype, eager_mode):
+    x = torch.tensor([-3, 0, 1, 2, 5, 7], dtype=dtype)
+    assert_same(lambda t: torch.nn.functional.threshold(t, 2, 9), x)
+    assert_same(lambda t: torch.nn.functional.threshold(t, 2.5, -1), x)

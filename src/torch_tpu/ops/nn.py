@@ -52,6 +52,13 @@ def relu(self):
     return jnp.maximum(self, jnp.zeros((), self.dtype))
 
 
+@lower("threshold.default")
+def threshold(self, threshold, value):
+    """A lowering of its own (the decomposition copied into `self`, which an expanded
+    threshold_ target refuses; CPU's threshold_ accepts one: it is idempotent)."""
+    return jnp.where(self <= threshold, jnp.asarray(value).astype(self.dtype), self)
+
+
 @lower("threshold_backward.default")
 def threshold_backward(grad_output, self, threshold):
     return jnp.where(self <= threshold, jnp.zeros((), grad_output.dtype), grad_output)
