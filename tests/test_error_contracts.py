@@ -751,3 +751,29 @@ def test_local_scalar_dense_reads_the_first_element_and_refuses_empty(eager_mode
                  lambda d: torch.arange(6.0, device=d).view(2, 3).t()[1:]):  # fmt: skip
         assert read(make("tpu")) == read(make("cpu"))
     assert_same_error(lambda d: read(torch.empty(0, device=d)))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, out: torch.kthvalue(x, 2, out=out),
+        lambda x, out: torch.mode(x, 0, out=out),
+        lambda x, out: torch.median(x, 0, out=out),
+        lambda x, out: torch.nanmedian(x, 0, out=out),
+    ],
+)
+@pytest.mark.parametrize("values_dtype", [torch.float64, torch.float32])
+def test_decomposed_out_of_another_dtype_is_refused_as_cpu(call, values_dtype, eager_mode):
+    """A decomposition's out= wrapper casts into the out= tensors; CPU's kernels refuse
+    values of another dtype than the input's (tpu wrote them)."""
+
+    def run(d):
+        x = torch.tensor([3.0, 1.0, 2.0, 4.0], device=d)  # (no ties: indices are exact)
+        out = (
+            torch.empty(0, dtype=values_dtype, device=d),
+            torch.empty(0, dtype=torch.long, device=d),
+        )
+        call(x, out)
+        return out
+
+    assert_same_outcome(run)

@@ -39,7 +39,7 @@ _HALF = (torch.float16, torch.bfloat16)
 # words of CPU's dtype refusals raised as RuntimeError (NotImplementedError is the
 # dispatch lists' own: "... not implemented for 'Bool'")
 _DTYPE_WORDS = re.compile(
-    r"[Cc]omplex|[Bb]ool|[Ii]nteger|floating point|dtype|scalar_type|"
+    r"[Cc]omplex|[Bb]ool|[Ii]nteger|floating point|dtype|scalar_type|scalar type|same type|"
     r"'(Long|Int|Short|Char|Byte)'"
 )
 # CPU's words for a write into memory another element or an input also uses
@@ -120,12 +120,13 @@ def check_per_signature(op: torch._ops.OpOverload, args, kwargs: dict) -> None:
     """`check` for a call no executable key remembers (an op a decomposition runs, one
     with a data-dependent shape, which runs un-jitted at every call): the verdict is
     kept per call signature (only while CPU accepts: a refusal raises)."""
-    if not _has_refusable_dtype((args, kwargs)):
+    mixed = _mixes_dtypes((args, kwargs))
+    if not mixed and not _has_refusable_dtype((args, kwargs)):
         return
     key = (op, _signature(args), _signature(kwargs))
     if key in _ACCEPTED:
         return
-    check(op, list(args), kwargs)
+    check(op, list(args), kwargs, casts_target=mixed)
     if len(_ACCEPTED) >= _ACCEPTED_LIMIT:
         _ACCEPTED.clear()
     _ACCEPTED.add(key)
@@ -143,6 +144,13 @@ def _signature(value):
 
 def _has_refusable_dtype(value) -> bool:
     return any(not t.dtype.is_floating_point for t in arguments.tensors(value))
+
+
+def _mixes_dtypes(value) -> bool:
+    """Tensors of more than one dtype: for a decomposed call, perhaps an out= of another
+    dtype than its input, which CPU's kernel may refuse where the decomposition's out=
+    wrapper casts (`kthvalue(f32, out=(f64, i64))`)."""
+    return len({t.dtype for t in arguments.tensors(value)}) > 1
 
 
 def _numel(value) -> int:
