@@ -53,6 +53,10 @@ CASES = {
     "embedding_bag first offset not 0": lambda d: F.embedding_bag(
         _t([1, 2], d), _weights(d), _t([1, 2], d)
     ),
+    "index_fill past the end": lambda d: _scores(d).index_fill(1, _t([5], d), 1.0),
+    "index_fill negative": lambda d: _scores(d).index_fill(1, _t([-6], d), 1.0),
+    "put": lambda d: _scores(d).put(_t([20], d), torch.ones(1, device=d)),
+    "put negative": lambda d: _scores(d).put(_t([-21], d), torch.ones(1, device=d)),
     "index_add_": lambda d: torch.zeros(3, device=d).index_add_(
         0, _t([3], d), torch.ones(1, device=d)
     ),
@@ -99,6 +103,8 @@ def test_values_cpu_accepts_compute_cpus_results_without_an_error(mode):
         lambda d: F.embedding(_t([0, 9], d), _weights(d)),
         lambda d: _scores(d).gather(1, _t([[0], [4], [1], [1]], d)),
         lambda d: F.one_hot(_t([0, 2], d), 3),
+        lambda d: _scores(d).index_fill(1, _t([-5, 4], d), 1.0),
+        lambda d: _scores(d).put(_t([-20, 19], d), torch.ones(2, device=d)),
         lambda d: F.embedding_bag(_t([1, 9, 0], d), _weights(d), _t([0, 2], d), mode="max"),
     ]
     with torch.tpu.set_eager_mode(mode):

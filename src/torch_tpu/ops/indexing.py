@@ -235,7 +235,7 @@ def _along_check(error: type, message: str | None = None, wraps: bool = False):
 
 
 _check_gather = _along_check(RuntimeError)
-_check_wrapping = _along_check(RuntimeError, wraps=True)
+_check_wrapping = _along_check(IndexError, wraps=True)  # (index_fill: CPU says IndexError)
 _check_index_select = _along_check(IndexError, "index out of range in self")
 
 
@@ -244,21 +244,22 @@ def outside(index, lowest: int, size: int):
     return jnp.any((index < lowest) | (index >= size))
 
 
-def _along_device_check(error: type, message: str | None = None):
+def _along_device_check(error: type, message: str | None = None, wraps: bool = False):
     """The device-side half of `_along_check` (engine/device_asserts.py): the same
-    range, judged in the program in strict and fused modes."""
+    range, judged in the program (strict and fused modes, compiled graphs)."""
 
     def device_check(self, dim, index, *rest) -> list:
         dim %= max(self.ndim, 1)
         size = self.shape[dim] if self.ndim else 1
         words = message or f"an index is out of bounds for dimension {dim} with size {size}"
-        return [(outside(index, 0, size), error, words)]
+        return [(outside(index, -size if wraps else 0, size), error, words)]
 
     return device_check
 
 
 _gather_device_check = _along_device_check(RuntimeError)
 _index_select_device_check = _along_device_check(IndexError, "index out of range in self")
+_index_fill_device_check = _along_device_check(IndexError, wraps=True)
 
 
 def _indices_device_check(self, indices, *rest) -> list:
@@ -571,7 +572,12 @@ def _check_index_fill(values: list) -> bool:
     return _check_wrapping(values) | check_fill_value(value, self.dtype)
 
 
-@lower("index_fill.int_Scalar", "index_fill.int_Tensor", check=_check_index_fill)
+@lower(
+    "index_fill.int_Scalar",
+    "index_fill.int_Tensor",
+    check=_check_index_fill,
+    device_check=_index_fill_device_check,
+)
 @_along
 def index_fill(self, index, value):
     return self.at[_wrap_negative(index, self.shape[0])].set(
@@ -649,7 +655,7 @@ def nonzero_static(self, size, fill_value=-1):
 # --------------------------------------------------------------------- take/put
 
 
-def _take_device_check(self, index) -> list:
+def _take_device_check(self, index, *rest) -> list:
     n = self.size
     words = f"out of range: an index on a tensor of {n} elements"
     return [(outside(index, -n, n), IndexError, words)]
@@ -660,7 +666,7 @@ def take(self, index):
     return self.reshape(-1)[index]
 
 
-@lower("put.default")
+@lower("put.default", device_check=_take_device_check)
 def put(self, index, source, accumulate=False):
     flat = self.reshape(-1)
     where = _wrap_negative(index, flat.size).reshape(-1)
