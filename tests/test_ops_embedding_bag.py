@@ -121,3 +121,18 @@ def test_bfloat16(mode, no_cpu_fallback):
         )
         assert actual.dtype == torch.bfloat16
         torch.testing.assert_close(actual.cpu(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(
+    ("index_dtype", "offset_dtype"), [(torch.int32, torch.int64), (torch.int64, torch.int32)]
+)
+def test_mixed_index_and_offset_dtypes_forward_and_backward(index_dtype, offset_dtype, mode):
+    """PyTorch's test_embedding mixes them; the backward's first-call dtype check must not
+    mistake its stand-ins' refusal for CPU's verdict (our forward's index dtypes)."""
+    check(
+        torch.randn(10, 3),
+        INDICES.to(index_dtype),
+        OFFSETS.to(offset_dtype),
+        torch.randn(10),
+        mode="sum",
+    )
