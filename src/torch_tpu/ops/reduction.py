@@ -65,11 +65,12 @@ def _check_empty_extremes(name: str, all_dims_error: type = RuntimeError):
     """CPU's errors for amax/amin/argmax/argmin with nothing to reduce (the meta kernels
     raise RuntimeError, or argmin's words "argmax", where CPU raises these)."""
     arg = name.startswith("arg")
+    not_bool = _check_not_bool(name) if arg else None
 
     def check(values: list) -> bool:
         self, dim = values[0], values[1]
-        if arg:
-            _check_not_bool(name)(values)
+        if not_bool is not None:
+            not_bool(values)
         if self.numel():
             return False
         dims = [] if dim is None else [dim] if isinstance(dim, int) else list(dim)
