@@ -44,17 +44,25 @@ _LIB.define("passthrough(Tensor a, Tensor b) -> Tensor")
 _LIB.impl("passthrough", lambda a, b: a, "PrivateUse1")
 
 
-def per_op(repeats: int, clock=time.perf_counter) -> tuple[float, float, float]:
-    """Seconds per call: (tpu strict a + b, JAX jitted add, Python-kernel dispatch)."""
+def per_op(repeats: int, clock=time.perf_counter) -> dict[str, float]:
+    """Seconds per call: tpu strict a + b ("ours"), JAX jitted add, Python-kernel
+    dispatch; and an embedding lookup, whose index values tpu checks on the device
+    (engine/device_asserts.py), against the same lookup jitted in JAX."""
     a = torch.randn(64, 64).to("tpu")
     b = torch.randn(64, 64).to("tpu")
     ja, jb = device_value(a), device_value(b)
     jadd = jax.jit(lambda x, y: x + y)
     passthrough = torch.ops.torch_tpu_bench.passthrough
+    weight = torch.randn(256, 64).to("tpu")
+    tokens = torch.randint(0, 256, (8, 16)).to("tpu")
+    jweight, jtokens = device_value(weight), device_value(tokens)
+    jtake = jax.jit(lambda w, i: jax.numpy.take(w, i, axis=0))
     calls = {
         "ours": lambda: a + b,
         "jax": lambda: jadd(ja, jb),
         "dispatch": lambda: passthrough(a, b),
+        "embedding": lambda: torch.nn.functional.embedding(tokens, weight),
+        "jax take": lambda: jtake(jweight, jtokens),
     }
     for fn in calls.values():
         fn()
@@ -65,7 +73,7 @@ def per_op(repeats: int, clock=time.perf_counter) -> tuple[float, float, float]:
             jax.block_until_ready(jadd(ja, jb))
             best[name] = min(best[name], _best(fn, 3, 500, clock))
     jax.block_until_ready(jadd(ja, jb))
-    return best["ours"], best["jax"], best["dispatch"]
+    return best
 
 
 def mlp_step(device: str, steps: int) -> float:
@@ -89,7 +97,8 @@ def main() -> None:
     platform = torch_tpu.platform.platform()
     print(f"platform: {platform}  torch {torch.__version__}  jax {jax.__version__}")
     for label, clock in (("wall", time.perf_counter), ("thread cpu", time.thread_time)):
-        t_ours, t_jax, t_dispatch = per_op(repeats, clock)
+        best = per_op(repeats, clock)
+        t_ours, t_jax, t_dispatch = best["ours"], best["jax"], best["dispatch"]
         floor = t_jax + t_dispatch
         print(
             f"per-op a+b 64x64 ({label}): tpu strict {t_ours * 1e6:.1f} us, "
@@ -97,6 +106,12 @@ def main() -> None:
             f"floor of a Python backend: PyTorch's dispatch to a Python kernel "
             f"{t_dispatch * 1e6:.1f} us + jax jit = {floor * 1e6:.1f} us "
             f"({floor / t_jax:.2f}x jax; strict is {t_ours / floor:.2f}x the floor)"
+        )
+        t_emb, t_take = best["embedding"], best["jax take"]
+        print(
+            f"per-op embedding 8x16 ids into 256x64 ({label}), index values checked on the "
+            f"device: tpu strict {t_emb * 1e6:.1f} us, jax jit take (unchecked) "
+            f"{t_take * 1e6:.1f} us, ratio {t_emb / t_take:.2f}x"
         )
     if args.per_op:
         return
