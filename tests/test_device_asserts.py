@@ -60,6 +60,16 @@ CASES = {
     "index_add_": lambda d: torch.zeros(3, device=d).index_add_(
         0, _t([3], d), torch.ones(1, device=d)
     ),
+    # an index past its 2x4 plane: PyTorch's decomposition wrote it into the next channel
+    "max_unpool2d past the plane": lambda d: F.max_unpool2d(
+        torch.ones(1, 2, 1, 2, device=d), _t([[[[0, 9]], [[0, 1]]]], d), 2
+    ),
+    "max_unpool1d negative": lambda d: F.max_unpool1d(
+        torch.ones(1, 1, 2, device=d), _t([[[0, -1]]], d), 2
+    ),
+    "max_unpool3d past the volume": lambda d: F.max_unpool3d(
+        torch.ones(1, 1, 1, 1, 2, device=d), _t([[[[[0, 16]]]]], d), 2
+    ),
 }
 
 
@@ -106,6 +116,9 @@ def test_values_cpu_accepts_compute_cpus_results_without_an_error(mode):
         lambda d: _scores(d).index_fill(1, _t([-5, 4], d), 1.0),
         lambda d: _scores(d).put(_t([-20, 19], d), torch.ones(2, device=d)),
         lambda d: F.embedding_bag(_t([1, 9, 0], d), _weights(d), _t([0, 2], d), mode="max"),
+        lambda d: F.max_unpool2d(
+            torch.ones(1, 2, 1, 2, device=d), _t([[[[0, 7]], [[0, 1]]]], d), 2
+        ),
     ]
     with torch.tpu.set_eager_mode(mode):
         for fn in cases:

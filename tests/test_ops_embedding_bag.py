@@ -136,3 +136,30 @@ def test_mixed_index_and_offset_dtypes_forward_and_backward(index_dtype, offset_
         torch.randn(10),
         mode="sum",
     )
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+def test_empty_input_gives_empty_bags(reduce, mode, no_cpu_fallback):
+    """max mode failed inside its lowering (it indexed the empty input)."""
+    check(torch.randn(10, 3), torch.tensor([], dtype=torch.long), torch.tensor([0, 0]), mode=reduce)
+    check(
+        torch.randn(10, 3),
+        torch.tensor([], dtype=torch.long),
+        torch.tensor([], dtype=torch.long),
+        mode=reduce,
+    )
+
+
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_max_mode_indices_without_bags_raise_a_clear_error(include_last_offset, mode):
+    """CPU's kernel crashes the process on this call (segfault, PyTorch 2.13); tpu ran that
+    kernel on stand-ins to check dtypes, and crashed too. Now a RuntimeError says why."""
+    offsets = torch.tensor([0] if include_last_offset else [], dtype=torch.long, device="tpu")
+    with pytest.raises(RuntimeError, match="no bags"):
+        F.embedding_bag(
+            torch.tensor([1, 2], device="tpu"),
+            torch.randn(5, 3, device="tpu"),
+            offsets,
+            mode="max",
+            include_last_offset=include_last_offset,
+        )

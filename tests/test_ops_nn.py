@@ -315,6 +315,112 @@ def test_max_pool_unbatched_and_bfloat16(no_nn_fallback):
     assert_same(lambda x: F.max_pool2d(x, 2), randn(1, 3, 6, 6, dtype=torch.bfloat16))
 
 
+_NEG_INF, _NAN = float("-inf"), float("nan")
+# which element a max pool reports where the window's maximum is ambiguous: CPU's
+# kernel scans input elements only (padding never wins a tie), keeps the first maximum
+# and the last NaN; tpu reported padding positions (negative or wrong indices, so the
+# gradient and max_unpool landed elsewhere) and the first NaN
+AMBIGUOUS_MAXIMA = {
+    "all -inf with padding": lambda d: F.max_pool2d(
+        torch.full((1, 1, 3, 3), _NEG_INF, device=d), 3, 1, 1, return_indices=True
+    ),
+    "int32 lowest with padding": lambda d: F.max_pool2d(
+        torch.full((1, 1, 3, 3), -(2**31), dtype=torch.int32, device=d), 3, 1, 1,
+        return_indices=True,
+    ),
+    "-inf rows, ceil_mode": lambda d: F.max_pool2d(
+        torch.tensor([[[[1.0, _NEG_INF, _NEG_INF], [2.0, _NEG_INF, _NEG_INF]]]], device=d),
+        2, 2, ceil_mode=True, return_indices=True,
+    ),
+    "two NaNs": lambda d: F.max_pool1d(
+        torch.tensor([[_NAN, 1.0, _NAN, 2.0]], device=d), 4, return_indices=True
+    ),
+    "NaN then larger": lambda d: F.max_pool2d(
+        torch.tensor([[[[1.0, _NAN, 3.0, 2.0]]]], device=d), (1, 4), return_indices=True
+    ),
+    "3d -inf with padding": lambda d: F.max_pool3d(
+        torch.full((1, 1, 2, 2, 2), _NEG_INF, device=d), 3, 1, 1, return_indices=True
+    ),
+    "adaptive two NaNs": lambda d: F.adaptive_max_pool2d(
+        torch.tensor([[[[_NAN, 1.0], [_NAN, 2.0]]]], device=d), 1, return_indices=True
+    ),
+    "max_unpool of -inf windows": lambda d: F.max_unpool2d(
+        *F.max_pool2d(torch.full((1, 1, 4, 4), _NEG_INF, device=d), 3, 2, 1, return_indices=True),
+        3, 2, 1, output_size=(4, 4),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", AMBIGUOUS_MAXIMA)
+def test_max_pool_reports_cpus_element_for_ambiguous_maxima(case, eager_mode):
+    fn = AMBIGUOUS_MAXIMA[case]
+    torch.testing.assert_close(fn("tpu"), fn("cpu"), equal_nan=True, check_device=False)
+
+
+def test_max_pool_gradient_of_an_all_inf_window_goes_to_cpus_element(eager_mode):
+    def grad(device):
+        x = torch.full((1, 1, 3, 3), _NEG_INF, device=device, requires_grad=True)
+        F.max_pool2d(x, 3, 1, 1).sum().backward()
+        return x.grad
+
+    torch.testing.assert_close(grad("tpu").cpu(), grad("cpu"))
+
+
+EMPTY_POOLS = {
+    "max_pool2d zero batch backward": lambda d: _pool_grad(d, lambda x: F.max_pool2d(x, 2)),
+    "max_pool3d zero batch backward": lambda d: _pool_grad(
+        d, lambda x: F.max_pool3d(x[:, None], 2)
+    ),
+    "adaptive_max_pool2d zero batch": lambda d: _pool_grad(
+        d, lambda x: F.adaptive_max_pool2d(x, 2)
+    ),
+    "adaptive_max_pool2d output size 0": lambda d: F.adaptive_max_pool2d(
+        torch.ones(1, 2, 4, 4, device=d), (0, 2), return_indices=True
+    ),
+    "adaptive_max_pool3d output size 0": lambda d: F.adaptive_max_pool3d(
+        torch.ones(1, 2, 4, 4, 4, device=d), (2, 0, 2), return_indices=True
+    ),
+    "max_unpool2d zero batch": lambda d: F.max_unpool2d(
+        torch.ones(0, 1, 2, 2, device=d), torch.zeros(0, 1, 2, 2, dtype=torch.long, device=d), 2
+    ),
+}
+
+
+def _pool_grad(device, pool):
+    x = torch.ones(0, 2, 4, 4, device=device, requires_grad=True)
+    out = pool(x)
+    out.sum().backward()
+    return out, x.grad
+
+
+@pytest.mark.parametrize("case", EMPTY_POOLS)
+def test_max_pools_of_empty_tensors_as_cpu(case, eager_mode):
+    """These failed inside their lowerings (a reshape(0, -1), a max over no windows)."""
+    fn = EMPTY_POOLS[case]
+    torch.testing.assert_close(fn("tpu"), fn("cpu"), check_device=False)
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_max_unpool_matches_cpu_forward_and_backward(dims, eager_mode):
+    pool, unpool = {
+        1: (F.max_pool1d, F.max_unpool1d),
+        2: (F.max_pool2d, F.max_unpool2d),
+        3: (F.max_pool3d, F.max_unpool3d),
+    }[dims]
+    x = randn(2, 3, *(5,) * dims)
+    values, indices = pool(x, 2, return_indices=True)
+    size = (5,) * dims
+    weight = torch.arange(2.0 * 3 * 5**dims).reshape(2, 3, *size)
+
+    def run(device):
+        v = values.to(device).requires_grad_()
+        out = unpool(v, indices.to(device), 2, output_size=size)
+        (out * weight.to(device)).sum().backward()
+        return out, v.grad
+
+    torch.testing.assert_close(run("tpu"), run("cpu"), check_device=False)
+
+
 UPSAMPLES = {
     "nearest_scale": lambda x: F.interpolate(x, scale_factor=2),
     "nearest_fraction": lambda x: F.interpolate(x, scale_factor=(1.7, 0.6)),

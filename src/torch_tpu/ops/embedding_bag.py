@@ -53,9 +53,23 @@ def _embedding_bag_device_check(weight, indices, offsets, *rest) -> list:
     return failures
 
 
+def _check_embedding_bag(values: list) -> None:
+    """CPU's max-mode kernel crashes the process (a segfault in 2.13) on indices with no
+    bag to go to; tpu's stand-in run of that kernel (engine/refusals.py) would too."""
+    indices, offsets = values[1], values[2]
+    mode = values[4] if len(values) > 4 else _SUM
+    last = values[7] if len(values) > 7 else False
+    if mode == _MAX and indices.numel() and offsets.numel() <= int(bool(last)):
+        raise RuntimeError(
+            f"embedding_bag: {indices.numel()} indices but no bags (offsets has "
+            f"{offsets.numel()} values) in mode='max'; PyTorch's CPU kernel crashes here"
+        )
+
+
 @lower(
     "_embedding_bag.default",
     "_embedding_bag_forward_only.default",
+    check=_check_embedding_bag,
     device_check=_embedding_bag_device_check,
 )
 def embedding_bag(
@@ -71,7 +85,10 @@ def embedding_bag(
     count = jax.ops.segment_sum(valid.astype(indices.dtype), segment, num_bags + 1)[:num_bags]
     bag_size = jnp.zeros(offsets.shape, indices.dtype).at[:num_bags].set(count)
     max_indices = jnp.zeros((0,), indices.dtype)
-    if mode == _MAX:
+    if mode == _MAX and (indices.shape[0] == 0 or num_bags == 0):  # nothing to index
+        out = jnp.zeros((num_bags, weight.shape[1]), rows.dtype)
+        max_indices = jnp.full(out.shape, -1, indices.dtype)
+    elif mode == _MAX:
         best = jax.ops.segment_max(rows, segment, num_bags + 1)[:num_bags]
         best = jnp.where(count[:, None] > 0, best, 0)
         # the first position reaching the maximum, as CPU's strict comparison keeps

@@ -855,8 +855,9 @@ def _pool_size(size, k, s, p, d, ceil_mode):
 
 
 def _windows(x, kernel, stride, padding, dilation, ceil_mode, fill):
-    """Every kernel offset's strided view of the padded input: (..., K, *out), and the
-    flat input index each element came from: (K, *out)."""
+    """Every kernel offset's strided view of the padded input: (..., K, *out), the flat
+    input index each element came from: (K, *out), and whether it is an input element
+    rather than padding: (K, *out)."""
     n = len(kernel)
     lead, sizes = x.ndim - n, x.shape[x.ndim - n :]
     outs = [_pool_size(*geo, ceil_mode) for geo in zip(sizes, kernel, stride, padding, dilation)]
@@ -865,19 +866,22 @@ def _windows(x, kernel, stride, padding, dilation, ceil_mode, fill):
         for size, k, s, p, d, o in zip(sizes, kernel, stride, padding, dilation, outs)
     ]
     padded = lax.pad(x, jnp.asarray(fill, x.dtype), config)
-    views, flat = [], []
+    views, flat, inside = [], [], []
     strides = np.cumprod((1,) + sizes[::-1])[-2::-1]  # row-major strides of the spatial dims
     for offset in itertools.product(*(range(k) for k in kernel)):
         start = [0] * lead + [i * d for i, d in zip(offset, dilation)]
         ends = [b + (o - 1) * s + 1 for b, o, s in zip(start[lead:], outs, stride)]
         limit = list(x.shape[:lead]) + ends
         views.append(lax.slice(padded, start, limit, [1] * lead + list(stride)))
-        index = 0
-        for axis, (i, o, s, p, d) in enumerate(zip(offset, outs, stride, padding, dilation)):
-            position = np.arange(o) * s - p + i * d
-            index = index + (position * strides[axis]).reshape((-1,) + (1,) * (n - axis - 1))
+        index, real = 0, True
+        geometry = zip(offset, outs, stride, padding, dilation, sizes)
+        for axis, (i, o, s, p, d, size) in enumerate(geometry):
+            position = (np.arange(o) * s - p + i * d).reshape((-1,) + (1,) * (n - axis - 1))
+            index = index + position * strides[axis]
+            real = real & (position >= 0) & (position < size)
         flat.append(np.broadcast_to(index, outs))
-    return jnp.stack(views, lead), np.stack(flat)
+        inside.append(np.broadcast_to(real, outs))
+    return jnp.stack(views, lead), np.stack(flat), np.stack(inside)
 
 
 def _lowest(dtype):
@@ -888,11 +892,26 @@ def _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, n):
     kernel = _expand(kernel_size, n)
     stride = _expand(stride, n, kernel)
     padding, dilation = _expand(padding, n), _expand(dilation, n)
-    views, flat = _windows(self, kernel, stride, padding, dilation, ceil_mode, _lowest(self.dtype))
+    fill = _lowest(self.dtype)
+    views, flat, inside = _windows(self, kernel, stride, padding, dilation, ceil_mode, fill)
     lead = self.ndim - n
-    best = jnp.argmax(views, axis=lead)
+    values = jnp.max(views, axis=lead)
+    best = _window_choice(views, values, inside, lead)
     indices = jnp.take_along_axis(jnp.asarray(flat), best.reshape((-1,) + best.shape[lead:]), 0)
-    return jnp.max(views, axis=lead), indices.reshape(best.shape).astype(jnp.int64)
+    return values, indices.reshape(best.shape).astype(jnp.int64)
+
+
+def _window_choice(views, values, inside, axis):
+    """Which window element CPU's kernel reports: it scans input elements only (never
+    the padding, which ties with an all -inf or all-lowest window), keeps the first
+    maximum, and takes every NaN it meets, so the last NaN wins."""
+    hit = jnp.logical_and(inside, views == jnp.expand_dims(values, axis))
+    first = jnp.argmax(hit, axis=axis)
+    if not jnp.issubdtype(views.dtype, jnp.floating):
+        return first
+    nan = jnp.logical_and(inside, jnp.isnan(views))
+    last_nan = views.shape[axis] - 1 - jnp.argmax(jnp.flip(nan, axis), axis=axis)
+    return jnp.where(jnp.any(nan, axis=axis), last_nan, first)
 
 
 def _check_max_pool2d(values: list) -> None:
@@ -916,8 +935,8 @@ def _scatter_max_grad(grad_output, self, indices, n):
     """Route each output's gradient to the input element its max came from."""
     lead = self.shape[: self.ndim - n]
     rows = math.prod(lead)
-    grad = _up(grad_output).reshape(rows, -1)
-    index = indices.reshape(rows, -1)
+    grad = _up(grad_output).reshape(rows, math.prod(grad_output.shape[self.ndim - n :]))
+    index = indices.reshape(grad.shape)
     plane = math.prod(self.shape[self.ndim - n :])
     out = jnp.zeros((rows, plane), grad.dtype).at[jnp.arange(rows)[:, None], index].add(grad)
     return out.reshape(self.shape)
@@ -937,6 +956,29 @@ def max_pool3d_backward(
     return _scatter_max_grad(grad_output, self, indices, 3)
 
 
+def _unpool_device_check(self, indices, output_size, *stride_and_padding) -> list:
+    """CPU refuses an index outside the output plane; PyTorch's decomposition wrote it
+    into the flattened batch, so it landed in the next channel's plane."""
+    size = "x".join(str(int(s)) for s in output_size)
+    words = f"Found an invalid max index (output volumes are of size {size})"
+    return [(outside(indices, 0, math.prod(output_size)), RuntimeError, words)]
+
+
+@lower(
+    "max_unpool2d.default", "max_unpool3d.default", device_check=_unpool_device_check
+)
+def max_unpool(self, indices, output_size, *stride_and_padding):
+    """Each value written at its index within its own (batch, channel) plane."""
+    n = len(output_size)
+    lead = self.shape[: self.ndim - n]
+    rows, plane = math.prod(lead), math.prod(output_size)
+    values = self.reshape(rows, math.prod(self.shape[self.ndim - n :]))
+    index = indices.reshape(values.shape)
+    out = jnp.zeros((rows, plane), self.dtype)
+    out = out.at[jnp.arange(rows)[:, None], index].set(values, mode="drop")
+    return out.reshape(lead + tuple(output_size))
+
+
 def _avg_divisor(size, k, s, p, out, count_include_pad):
     """Per output position along one axis: how many elements its window averages."""
     start = np.arange(out) * s - p
@@ -950,7 +992,7 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
     kernel = _expand(kernel_size, n)
     stride, padding = _expand(stride, n, kernel), _expand(padding, n)
     x = _up(x)
-    views, _ = _windows(x, kernel, stride, padding, (1,) * n, ceil_mode, 0)
+    views, _, _ = _windows(x, kernel, stride, padding, (1,) * n, ceil_mode, 0)
     total = jnp.sum(views, axis=x.ndim - n)
     if divisor:
         return total / divisor
@@ -1029,6 +1071,9 @@ def _adaptive_max(x, output_size):
     element, then take max and argmax over it."""
     n = len(output_size)
     lead, sizes = x.ndim - n, x.shape[x.ndim - n :]
+    if 0 in output_size or 0 in x.shape[:lead]:
+        shape = x.shape[:lead] + tuple(output_size)
+        return jnp.zeros(shape, x.dtype), jnp.zeros(shape, jnp.int64)
     strides = np.cumprod((1,) + sizes[::-1])[-2::-1]
     flat = np.zeros(())
     for axis, (size, out) in enumerate(zip(sizes, output_size)):
@@ -1043,9 +1088,10 @@ def _adaptive_max(x, output_size):
     x = x.transpose(tuple(range(lead)) + tuple(lead + a for a in order))
     x = x.reshape(x.shape[: lead + n] + (-1,))
     flat = flat.transpose(order).reshape(tuple(output_size) + (-1,))
-    best = jnp.argmax(x, axis=-1)
+    values = jnp.max(x, axis=-1)
+    best = _window_choice(x, values, True, x.ndim - 1)
     indices = jnp.take_along_axis(jnp.broadcast_to(flat, x.shape), best[..., None], -1)[..., 0]
-    return jnp.max(x, axis=-1), indices.astype(jnp.int64)
+    return values, indices.astype(jnp.int64)
 
 
 @lower("adaptive_max_pool2d.default", "adaptive_max_pool3d.default")
