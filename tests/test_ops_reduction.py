@@ -466,3 +466,16 @@ def test_bincount_refuses_what_cpu_refuses(call):
 )
 def test_extremes_of_an_empty_tensor_raise_cpus_error_type(call, eager_mode):
     assert_same_outcome(lambda d: call(torch.zeros(2, 0, 4, device=d)))
+
+
+@pytest.mark.parametrize("reduce", [torch.nansum, torch.nanmean])
+def test_nansum_over_no_dims_is_refused_not_answered_unreduced(reduce, eager_mode):
+    """CPU reduces every dim for dim=[]; PyTorch's meta kernel (tpu's result shapes) none:
+    tpu returned the input itself (nanmean: divided by the count). A clear error now;
+    dim=None and explicit dims give CPU's results."""
+    x = torch.tensor([[1.0, float("nan"), 2.0], [3.0, 4.0, float("nan")]])
+    with pytest.raises(RuntimeError, match=r"dim=\[\].*dim=None"):
+        reduce(x.to("tpu"), dim=[]).cpu()
+    for dim in (None, (0, 1), 1):
+        torch.testing.assert_close(reduce(x.to("tpu"), dim=dim).cpu(), reduce(x, dim=dim))
+    torch.testing.assert_close(reduce(x[0, 0].to("tpu"), dim=[]).cpu(), reduce(x[0, 0], dim=[]))

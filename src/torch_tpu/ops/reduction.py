@@ -132,7 +132,7 @@ _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 def _axes(x, dim, empty_is_all: bool = True) -> tuple[int, ...]:
     """Normalised reduction axes: None means all of them, and so does [] except
-    for the ops (all.dims, any.dims, nansum) where it means none; negatives wrap."""
+    for the ops (all.dims, any.dims, as on CPU) where it means none; negatives wrap."""
     if isinstance(dim, int):
         dim = (dim,)
     if dim is None or (len(dim) == 0 and empty_is_all):
@@ -233,9 +233,21 @@ def sum_dim(self, dim, keepdim=False, dtype=None):
     return _total(jnp.sum, _acc(self, dtype), _axes(self, dim), keepdim)
 
 
-@lower("nansum.default", check=_check_dims)
+def _check_nansum(values: list) -> bool:
+    """dim=[]: CPU's kernel sums every dim (as sum's does), PyTorch's meta kernel, which
+    gives tpu its result shape, none: tpu returned the input unreduced (and nanmean,
+    nansum / count, wrong numbers). Refused rather than answered differently."""
+    if values[1] is not None and len(values[1]) == 0 and values[0].dim() > 0:
+        raise RuntimeError(
+            "tpu: nansum/nanmean with dim=[] is ambiguous in PyTorch 2.13 (CPU reduces every "
+            "dim, its meta kernel none); pass dim=None to reduce every dim"
+        )
+    return _check_dims(values)
+
+
+@lower("nansum.default", check=_check_nansum)
 def nansum(self, dim=None, keepdim=False, dtype=None):
-    return jnp.nansum(_acc(self, dtype), axis=_axes(self, dim, False), keepdims=keepdim)
+    return jnp.nansum(_acc(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
 
 
 @lower("mean.default")
