@@ -715,3 +715,33 @@ def test_threshold_matches_cpu(dtype, eager_mode):
     x = torch.tensor([-3, 0, 1, 2, 5, 7], dtype=dtype)
     assert_same(lambda t: torch.nn.functional.threshold(t, 2, 9), x)
     assert_same(lambda t: torch.nn.functional.threshold(t, 2.5, -1), x)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("which", ["input", "weight", "both", "neither"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_convolution_of_channels_last_tensors_is_laid_out_as_cpu(
+    dims, which, transposed, eager_mode
+):
+    """CPU returns a channels_last result when the input or the weight is channels_last;
+    PyTorch's meta kernel (tpu's result layout) only for CUDA, so tpu's was contiguous:
+    `y.permute(0, 2, 3, 1).view(n, -1)` ran on CPU and raised on tpu."""
+    channels_last = torch.channels_last if dims == 2 else torch.channels_last_3d
+    x, w = randn(2, 3, *(5,) * dims), randn(3, 3, *(3,) * dims)
+    if which in ("input", "both"):
+        x = x.contiguous(memory_format=channels_last)
+    if which in ("weight", "both"):
+        w = w.contiguous(memory_format=channels_last)
+    conv = {
+        (2, False): F.conv2d, (3, False): F.conv3d,
+        (2, True): F.conv_transpose2d, (3, True): F.conv_transpose3d,
+    }[(dims, transposed)]  # fmt: skip
+    expected = conv(x, w)
+    actual = conv(x.to("tpu"), w.to("tpu"))
+    assert actual.stride() == expected.stride()
+    torch.testing.assert_close(actual.cpu(), expected, atol=1e-5, rtol=1e-5)
+    if dims == 2 and which != "neither":
+        flat = actual.permute(0, 2, 3, 1).view(actual.shape[0], -1)
+        torch.testing.assert_close(
+            flat.cpu(), expected.permute(0, 2, 3, 1).reshape(expected.shape[0], -1)
+        )

@@ -509,6 +509,8 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         if spec.lowering.skip_meta:
             raise NotImplementedError
         meta_values, result, out_dtypes = _meta_run(spec, values)
+        if spec.lowering.result_layout is not None:
+            result = spec.lowering.result_layout(meta_values, result)
     except NotImplementedError:
         meta_values, result, out_dtypes = None, None, None
     targets = list(arguments.tensors([values[t] for t in spec.targets if t is not None]))

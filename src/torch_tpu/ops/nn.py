@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from torch._prims_common import suggest_memory_format
 
 from .. import dtypes, precision
 from .indexing import outside
@@ -810,7 +811,23 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     )
 
 
-@lower("convolution.default")
+def _convolution_layout(values: list, result):
+    """CPU's kernels give a channels_last result when the input or the weight is
+    channels_last (4-D; 5-D only in float32 and bfloat16, which oneDNN computes: its
+    3-D kernel for the other dtypes leaves them contiguous); PyTorch's meta kernel does
+    so only for CUDA tensors."""
+    input, weight = values[0], values[1]
+    if result.dim() == 5 and result.dtype not in (torch.float32, torch.bfloat16):
+        return result
+    if result.dim() not in (4, 5):
+        return result
+    channels_last = torch.channels_last if result.dim() == 4 else torch.channels_last_3d
+    if channels_last in (suggest_memory_format(input), suggest_memory_format(weight)):
+        return result.contiguous(memory_format=channels_last)
+    return result
+
+
+@lower("convolution.default", result_layout=_convolution_layout)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
     return out if bias is None else out + _up(bias).reshape(_channel(out))

@@ -47,6 +47,11 @@ class Lowering:
     # modes; engine/device_asserts.py): called in the program with the lowering's inputs,
     # returns [(traced bool "some value is out of range", error type, CPU's message)]
     device_check: Callable[..., list] | None = None
+    # PyTorch's meta kernel lays the result out otherwise than CPU's kernel (a
+    # convolution of channels_last tensors: contiguous on meta, channels_last on CPU):
+    # called with the meta arguments and the meta result, returns the result as CPU
+    # lays it out (its strides become the result's)
+    result_layout: Callable[[list, object], object] | None = None
 
 
 LOWERINGS: dict[str, Lowering] = {}
@@ -70,6 +75,7 @@ def lower(
     runtime_floats: tuple[str, ...] = (),
     check: Callable[[list], None] | None = None,
     device_check: Callable[..., list] | None = None,
+    result_layout: Callable[[list, object], object] | None = None,
     replace: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register fn as the lowering of each named overload: an aten one, or
@@ -93,6 +99,7 @@ def lower(
                 runtime_floats=runtime_floats,
                 check=check,
                 device_check=device_check,
+                result_layout=result_layout,
             )
         return fn
 
