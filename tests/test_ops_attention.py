@@ -59,6 +59,38 @@ def test_mha_inference_fast_path(masks, mode, no_cpu_fallback):
         close(t_weights, weights)
 
 
+FULLY_PADDED = torch.tensor([[True, True, True, True], [False, False, True, False]])
+ROW_MASKED = torch.zeros(4, 4, dtype=torch.bool).index_fill(0, torch.tensor([1]), True)
+
+
+@pytest.mark.parametrize(
+    "masks", [{"key_padding_mask": FULLY_PADDED}, {"attn_mask": ROW_MASKED},
+              {"attn_mask": CAUSAL, "key_padding_mask": FULLY_PADDED}],
+)  # fmt: skip
+def test_inference_fast_paths_give_nan_for_rows_with_every_key_masked(masks, mode):
+    """CPU's fused kernels give NaN weights (so NaN outputs) to a query whose every key
+    is masked; tpu gave zeros (the out_proj bias), a silent difference."""
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
+    x = torch.randn(2, 4, 8)
+    xt = x.to("tpu")
+    tpu_masks = {k: v.to("tpu") for k, v in masks.items()}
+    with torch.no_grad():
+        for need_weights in (False, True):
+            out, weights = mha(x, x, x, need_weights=need_weights, **masks)
+            t_out, t_weights = copy.deepcopy(mha).to("tpu")(
+                xt, xt, xt, need_weights=need_weights, **tpu_masks
+            )
+            assert out.isnan().any()
+            close(t_out, out, equal_nan=True, **TOL)
+            close(t_weights, weights, equal_nan=True, **TOL)
+        if "attn_mask" not in masks:
+            expected = layer(x, src_key_padding_mask=masks["key_padding_mask"])
+            twin = copy.deepcopy(layer).to("tpu")
+            actual = twin(xt, src_key_padding_mask=tpu_masks["key_padding_mask"])
+            close(actual, expected, equal_nan=True, **TOL)
+
+
 @pytest.mark.parametrize(
     "build,call,op",
     [

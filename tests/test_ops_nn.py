@@ -448,7 +448,7 @@ def test_upsample(name, no_nn_fallback):
 def _attention_mask(kind):
     if kind == "bool":
         mask = torch.rand(5, 6) > 0.3
-        mask[2] = False  # a fully masked row attends to nothing: zeros, not NaN
+        mask[2] = False  # a fully masked row: SDPA gives zeros (its safe softmax), as on CPU
         return mask
     return randn(2, 1, 5, 6)
 

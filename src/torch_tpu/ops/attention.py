@@ -6,7 +6,8 @@ PyTorch takes these in eval mode without gradients; training runs the ordinary
 ops. Both follow PyTorch's CPU kernel: the query is scaled by 1/sqrt(head dim)
 before the product with the keys, a float mask is read as a boolean one (any
 non-zero entry masks, as the CPU kernel's `mask.to(bool)` does) and a row whose
-every key is masked gets zero weights rather than NaN.
+every key is masked gets NaN weights, so NaN outputs, as on CPU (before
+2026-12-05 tpu gave zeros: the out_proj bias).
 
 A `src_key_padding_mask` given to nn.TransformerEncoder would make PyTorch pack
 the batch into a nested tensor, which tpu does not have: the engine's
@@ -66,8 +67,9 @@ def _attention(query, key, value, embed_dim, num_heads, qkv_weight, qkv_bias,
     if keep is None:
         weights = jax.nn.softmax(scores, -1)
     else:
-        weights = jax.nn.softmax(jnp.where(keep, scores, -jnp.inf), -1, where=keep)
-        weights = jnp.where(keep, weights, 0)  # a fully masked row: zeros, not NaN
+        # a fully masked row: NaN, as CPU's kernel gives (the ordinary path's
+        # scaled_dot_product_attention gives zeros there, on CPU and on tpu alike)
+        weights = jax.nn.softmax(jnp.where(keep, scores, -jnp.inf), -1)
     context = matmul(weights, v).transpose(0, 2, 1, 3).reshape(query.shape[:2] + (embed_dim,))
     return _linear(context, proj_weight, proj_bias), weights
 
