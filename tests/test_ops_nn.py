@@ -745,3 +745,67 @@ def test_convolution_of_channels_last_tensors_is_laid_out_as_cpu(
         torch.testing.assert_close(
             flat.cpu(), expected.permute(0, 2, 3, 1).reshape(expected.shape[0], -1)
         )
+
+
+SHORT_PARAMETER_CONVOLUTIONS = {
+    "padding='valid' 2d": lambda d: F.conv2d(
+        torch.arange(10.0, device=d).view(1, 1, 1, 10),
+        torch.ones(1, 1, 1, 4, device=d), padding="valid",
+    ),
+    "padding='valid' 3d": lambda d: F.conv3d(
+        torch.arange(10.0, device=d).view(1, 1, 1, 1, 10),
+        torch.ones(1, 1, 1, 1, 4, device=d), padding="valid",
+    ),
+    "stride=[2]": lambda d: torch.ops.aten.convolution(
+        torch.arange(36.0, device=d).view(1, 1, 6, 6), torch.ones(2, 1, 3, 3, device=d),
+        None, [2], [0, 0], [1, 1], False, [0, 0], 1,
+    ),
+    "dilation=[2]": lambda d: torch.ops.aten.convolution(
+        torch.arange(36.0, device=d).view(1, 1, 6, 6), torch.ones(2, 1, 3, 3, device=d),
+        None, [1, 1], [0, 0], [2], False, [0, 0], 1,
+    ),
+    "transposed, all one value": lambda d: torch.ops.aten.convolution(
+        torch.arange(36.0, device=d).view(1, 1, 6, 6), torch.ones(1, 2, 3, 3, device=d),
+        None, [2], [1], [1], True, [1], 1,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SHORT_PARAMETER_CONVOLUTIONS)
+def test_convolution_takes_one_value_for_every_spatial_dim(case, eager_mode):
+    """aten::convolution stretches a one-value stride/padding/dilation list over every
+    spatial dim (padding='valid' arrives as [0]); tpu's lowering failed on them."""
+    fn = SHORT_PARAMETER_CONVOLUTIONS[case]
+    torch.testing.assert_close(fn("tpu").cpu(), fn("cpu"))
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_convolution_with_no_input_channels_as_cpu(dims, eager_mode):
+    """No input channels: PyTorch gives no output channels, and zero gradients (the bias's
+    included); tpu convolved and failed its own shape check."""
+    conv = {1: torch.nn.Conv1d, 2: torch.nn.Conv2d, 3: torch.nn.Conv3d}[dims](0, 4, 2, stride=2)
+
+    def run(device):
+        module = copy.deepcopy(conv).to(device)
+        x = torch.randn(2, 0, *(7,) * dims, device=device, requires_grad=True)
+        out = module(x)
+        out.sum().backward()
+        return out, x.grad, module.weight.grad, module.bias.grad
+
+    torch.testing.assert_close(run("tpu"), run("cpu"), check_device=False)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: F.conv1d(torch.ones(2, 2, 5, device=d), torch.ones(4, 3, 2, device=d)),
+        lambda d: F.conv1d(torch.ones(2, 4, 5, device=d), torch.ones(4, 3, 2, device=d), groups=2),
+        lambda d: F.conv2d(torch.ones(2, 1, 4, 0, device=d), torch.ones(3, 0, 3, 3, device=d)),
+        lambda d: F.conv_transpose2d(
+            torch.ones(2, 3, 5, 5, device=d), torch.ones(4, 2, 3, 3, device=d)
+        ),
+    ],
+)
+def test_convolution_channel_mismatch_says_what_cpu_says(call):
+    """PyTorch's meta kernel said only "Invalid channel dimensions"."""
+    assert_same_error(call)

@@ -789,6 +789,18 @@ def _conv_precision(x):
 
 def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     spatial = x.ndim - 2
+    # aten::convolution takes one value for every spatial dim ([0] from padding="valid")
+    stride, padding, dilation, output_padding = (
+        _expand(v, spatial) for v in (stride, padding, dilation, output_padding)
+    )
+    if x.shape[1] == 0 and not transposed:  # no input channels: PyTorch gives no output ones
+        one = jax.ShapeDtypeStruct(x.shape[:1] + (1,) + x.shape[2:], x.dtype)
+        kernel = jax.ShapeDtypeStruct((1, 1) + w.shape[2:], w.dtype)
+        plain = jax.eval_shape(
+            lambda a, b: _conv(a, b, stride, padding, dilation, False, output_padding, 1),
+            one, kernel,
+        )
+        return jnp.zeros(x.shape[:1] + (0,) + plain.shape[2:], plain.dtype)
     names = "DHW"[3 - spatial :]  # PyTorch convolves 1, 2 or 3 spatial dimensions
     numbers = ("NC" + names, "OI" + names, "NC" + names)
     if not transposed:
@@ -827,10 +839,29 @@ def _convolution_layout(values: list, result):
     return result
 
 
-@lower("convolution.default", result_layout=_convolution_layout)
+def _check_channels(values: list) -> bool:
+    """CPU's words for an input with the wrong number of channels, the commonest
+    convolution mistake; PyTorch's meta kernel says only "Invalid channel dimensions"."""
+    input, weight, transposed, groups = values[0], values[1], values[6], values[8]
+    if input.dim() < 3 or weight.dim() != input.dim() or groups <= 0:
+        return False
+    expected = weight.shape[0] if transposed else weight.shape[1] * groups
+    if input.shape[1] != expected:
+        given = "transposed=1" if transposed else f"groups={groups}"
+        raise RuntimeError(
+            f"Given {given}, weight of size {list(weight.shape)}, expected "
+            f"input{list(input.shape)} to have {expected} channels, but got "
+            f"{input.shape[1]} channels instead"
+        )
+    return False
+
+
+@lower("convolution.default", check=_check_channels, result_layout=_convolution_layout)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
-    return out if bias is None else out + _up(bias).reshape(_channel(out))
+    if bias is None or out.shape[1] != bias.shape[0]:  # (no channels: the bias is unused)
+        return out
+    return out + _up(bias).reshape(_channel(out))
 
 
 @lower("convolution_backward.default")
@@ -843,7 +874,11 @@ def convolution_backward(
 
     out, pull = jax.vjp(forward, input, weight)
     grad_input, grad_weight = pull(grad_output.astype(out.dtype))  # half: float32 (accumulated)
-    grad_bias = jnp.sum(_up(grad_output), _batch_axes(grad_output)) if output_mask[2] else None
+    grad_bias = None
+    if output_mask[2]:
+        grad_bias = jnp.sum(_up(grad_output), _batch_axes(grad_output))
+        if grad_bias.shape != tuple(bias_sizes):  # (no channels: the bias was unused)
+            grad_bias = jnp.zeros(tuple(bias_sizes), grad_bias.dtype)
     return (
         grad_input if output_mask[0] else None,
         grad_weight if output_mask[1] else None,
