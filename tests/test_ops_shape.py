@@ -181,3 +181,17 @@ def _weighted(out):
 @pytest.mark.parametrize("case", list(GRAD_CASES))
 def test_grad(case):
     assert_same_grad(lambda t: _weighted(GRAD_CASES[case](t)), _x())
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_pads_of_channels_last_tensors_stay_channels_last_as_on_cpu(mode, dims, eager_mode):
+    """PyTorch's meta kernels (tpu's result layouts) gave contiguous results; CPU keeps
+    the input's memory format."""
+    memory_format = torch.channels_last if dims == 2 else torch.channels_last_3d
+    x = torch.randn(2, 3, *(5,) * dims).contiguous(memory_format=memory_format)
+    pad = (1, 2) * dims
+    expected = F.pad(x, pad, mode=mode)
+    actual = F.pad(x.to("tpu"), pad, mode=mode)
+    assert actual.stride() == expected.stride()
+    torch.testing.assert_close(actual.cpu(), expected)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
+from torch._prims_common import suggest_memory_format
 
 from .registry import lower
 
@@ -114,12 +116,27 @@ def _pad_backward(grad_output, self, padding, mode: str):
     return pullback(grad_output)[0]
 
 
-@lower("reflection_pad1d.default", "reflection_pad2d.default", "reflection_pad3d.default")
+def _as_input_layout(values: list, result):
+    """CPU's reflection and replication pads lay the result out as the input
+    (channels_last stays channels_last); PyTorch's meta kernels give contiguous."""
+    memory_format = suggest_memory_format(values[0])
+    if memory_format is torch.contiguous_format:
+        return result
+    return result.contiguous(memory_format=memory_format)
+
+
+@lower(
+    "reflection_pad1d.default", "reflection_pad2d.default", "reflection_pad3d.default",
+    result_layout=_as_input_layout,
+)
 def reflection_pad(self, padding):
     return _pad(self, padding, "reflect")
 
 
-@lower("replication_pad1d.default", "replication_pad2d.default", "replication_pad3d.default")
+@lower(
+    "replication_pad1d.default", "replication_pad2d.default", "replication_pad3d.default",
+    result_layout=_as_input_layout,
+)
 def replication_pad(self, padding):
     return _pad(self, padding, "edge")
 
