@@ -224,6 +224,35 @@ def _donating_executables() -> int:
     return count
 
 
+def _alias_pairs(hlo_text: str) -> dict[int, int]:
+    """{output index: parameter index} from an executable's input_output_alias header."""
+    import re
+
+    header = hlo_text.split("input_output_alias={", 1)[1].split("\n", 1)[0]
+    return {int(o): int(p) for o, p in re.findall(r"\{(\d+)\}: \((\d+), \{\}", header)}
+
+
+def test_each_donated_storage_is_paired_with_its_own_new_value(sgd_run):
+    """XLA updates a donated buffer in place only if the output it is paired with is its
+    new value; paired with another output of its shape (a parameter with its gradient)
+    XLA copied every parameter and momentum buffer each step. Outputs put written
+    storages first, in slot order, so JAX's pairing by shape gives each its own."""
+    from torch_tpu.compile import runtime
+
+    step = sgd_run[4]
+    graphs = [p.graph for p in step._programs.values()]
+    checked = 0
+    for graph in graphs:
+        assert graph in runtime._LIVE
+        for executable, written_slots, donated_slots in graph.executables.values():
+            pairs = _alias_pairs(executable.as_text())
+            assert sorted(pairs.values()) == sorted(donated_slots), graph.name
+            for output, parameter in pairs.items():
+                assert written_slots[output] == parameter, (graph.name, output, parameter)
+            checked += 1
+    assert checked == 2  # the trace creating the momentum buffers, and the one after
+
+
 def test_unsupported_steps_raise_clear_errors():
     model = _mlp().to("tpu")
     with pytest.raises(UnsupportedStep, match="supports SGD, Adam, AdamW; got RMSprop"):

@@ -234,3 +234,30 @@ def test_strict_inplace_after_a_fused_segment():
     x.mul_(y)
     torch.testing.assert_close(w.cpu(), a * 2 + b + 1)
     torch.testing.assert_close(x.cpu(), a * b)
+
+
+def _alias_pairs(hlo_text: str) -> dict[int, int]:
+    """{output index: parameter index} from an executable's input_output_alias header."""
+    import re
+
+    header = hlo_text.split("input_output_alias={", 1)[1].split("\n", 1)[0]
+    return {int(o): int(p) for o, p in re.findall(r"\{(\d+)\}: \((\d+), \{\}", header)}
+
+
+def test_a_donated_storage_is_paired_with_its_own_new_value(mode):
+    """Batch norm's running statistics are written in place beside fresh results of their
+    shape (save_mean, save_invstd): each donated statistic must be paired with its own
+    new value, not a fresh result XLA then writes into the old buffer (or copies for)."""
+    from torch_tpu.engine import donation
+
+    x = torch.randn(8, 4)
+    mean, var = torch.zeros(4), torch.ones(4)
+    xt, mean_t, var_t = x.to("tpu"), mean.to("tpu"), var.to("tpu")
+    donation._DONATING.clear()
+    assert _donated(lambda: torch.nn.functional.batch_norm(xt, mean_t, var_t, training=True)) == 2
+    torch.nn.functional.batch_norm(x, mean, var, training=True)
+    torch.testing.assert_close(mean_t.cpu(), mean)
+    torch.testing.assert_close(var_t.cpu(), var)
+    (found,) = [d for e, d in donation._DONATING.items() if "batch_norm" in e.name]
+    # the donated statistics are the first parameters, their new values the first results
+    assert _alias_pairs(found.fn.as_text()) == {0: 0, 1: 1}

@@ -181,3 +181,30 @@ def test_adamw_training_donates_parameters_and_state_and_matches_cpu():
     assert donated >= 2 * 12, donated
     state = [s for p in model.parameters() for s in opt.state[p].values()]
     _alive(*model.parameters(), *[s for s in state if s.device.type == "tpu"])
+
+
+def test_an_overwritten_storage_takes_its_own_new_value_in_place():
+    """A fresh result of the same shape made before the update (a gradient beside its
+    parameter) must not take the donated buffer: XLA would then copy the old value
+    first. The storage's new value is written where its old value was."""
+    cpu = torch.randn(256)
+    x = cpu.to("tpu") * 1  # a buffer XLA made (an upload may share numpy's memory)
+    torch.tpu.synchronize()
+    address = storage_of(x).array().unsafe_buffer_pointer()
+
+    def update():
+        g = x * 2  # fresh, same shape and dtype, alive at the flush
+        x.add_(g)
+        return g
+
+    g = None
+
+    def run():
+        nonlocal g
+        g = update()
+
+    assert _donated(run) == 1
+    torch.testing.assert_close(x.cpu(), cpu * 3)
+    torch.testing.assert_close(g.cpu(), cpu * 2)
+    assert storage_of(x).array().unsafe_buffer_pointer() == address
+    assert storage_of(g).array().unsafe_buffer_pointer() != address

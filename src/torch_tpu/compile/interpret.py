@@ -254,10 +254,16 @@ def build(
     written_slots: tuple[int, ...],
     checked: bool = False,
 ) -> Callable:
-    """The pure function (flat storage arrays..., [seed, counter]) -> (flat storage arrays
-    of value_nodes, each laid out with `output_strides`; new flat arrays of the storages
-    in written_slots). layouts gives, per input node, (storage slot, View) for a tensor
-    or the int an integer input (a size, after specialising a dynamic graph) is fixed to.
+    """The pure function (flat storage arrays..., [seed, counter]) -> (new flat arrays of
+    the storages in written_slots; flat storage arrays of value_nodes, each laid out with
+    `output_strides`). The written storages come first, in ascending slot order: JAX
+    pairs each donated input with the first unpaired result of its shape and dtype, so
+    each donated storage is paired with its own new value, and XLA updates it in place
+    (paired with a result computed from it, such as a gradient, XLA had to copy it first:
+    a copy of every parameter and optimizer moment per training step).
+
+    layouts gives, per input node, (storage slot, View) for a tensor or the int an
+    integer input (a size, after specialising a dynamic graph) is fixed to.
     Inputs sharing a storage share a slot, so writes into them compose. `checked`: the
     device-check flag is one more storage after the inputs' (written_slots names it)."""
     inputs = input_nodes(graph)
@@ -293,7 +299,7 @@ def build(
             slot, view = layouts[k]
             flats[slot] = strided.write_with(flats[slot], view, jnp.asarray(env[value]), offsets)
         values = tuple(_store(env[n], n.meta["val"]) for n in value_nodes)
-        return values, tuple(flats[slot] for slot in written_slots)
+        return tuple(flats[slot] for slot in written_slots), values
 
     return program
 

@@ -138,9 +138,9 @@ class CompiledGraph:
                 metrics.count("compiled_graph_donation_copies")
         metrics.count("compiled_graph_calls")
         try:
-            flats, written = executable(*arrays)
+            written, flats = executable(*arrays)
             if modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
-                jax.block_until_ready((flats, written))
+                jax.block_until_ready((written, flats))
         except jax.errors.JaxRuntimeError as error:
             memory_errors.raise_if_out_of_memory(error)
             raise
@@ -226,7 +226,7 @@ class CompiledGraph:
         """(executable, storage slots it writes, those it donates) for this input layout:
         the device-check flag is written, never donated (4 bytes; its array may be held
         elsewhere, and a copy per call would be counted as a donation failing)."""
-        donated_slots = tuple(dict.fromkeys(layouts[k][0] for k in self.written_inputs))
+        donated_slots = tuple(sorted({layouts[k][0] for k in self.written_inputs}))
         written_slots = donated_slots
         if self.checked:
             written_slots += (interpret.storage_slots(layouts),)  # the flag's

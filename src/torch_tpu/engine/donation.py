@@ -70,7 +70,8 @@ class _Donating:
     def __call__(self, arrays: tuple, dynamic: tuple, key_inputs: tuple):
         donated = tuple([arrays[s] for s in self.written])
         kept = tuple([arrays[s] for s in self.kept])
-        return self.fn(donated, kept, dynamic, key_inputs)
+        new_values, fresh = self.fn(donated, kept, dynamic, key_inputs)
+        return fresh, new_values
 
 
 def executable(entry, arrays: tuple, dynamic: tuple, key_inputs: tuple, lowering_errors):
@@ -88,7 +89,11 @@ def executable(entry, arrays: tuple, dynamic: tuple, key_inputs: tuple, lowering
             storages[slot] = array
         for slot, array in zip(kept, kept_arrays):
             storages[slot] = array
-        return program(tuple(storages), dyn, keys)
+        fresh, new_values = program(tuple(storages), dyn, keys)
+        # new values first: JAX pairs each donated input with the first unpaired result of
+        # its shape and dtype, so each is written in place with its own new value (first
+        # came a fresh result, such as batch norm's save_mean beside running_mean)
+        return new_values, fresh
 
     example = (
         tuple(arrays[s] for s in written),

@@ -86,7 +86,7 @@ class _Segment:
 
 
 _segment = _Segment()
-_compiled: dict[tuple, object] = {}
+_compiled: dict[tuple, tuple] = {}  # fingerprint -> (executable, donated leaves, output order)
 _FLOPS: dict = {}  # per-op executable -> its estimated contraction work
 cache.on_clear(_compiled.clear)
 cache.on_clear(_FLOPS.clear)
@@ -180,22 +180,27 @@ def flush(reason: str = "value needed") -> None:
     donated = _donatable(leaves)
     segment.leaves = None  # (the donated arrays are deleted by the call)
     fingerprint = (*fingerprint, donated)
-    fn = _compiled.get(fingerprint)
+    found = _compiled.get(fingerprint)
+    if found is None:
+        donated, order = _paired_first(nodes, outputs, donated)
+    else:
+        fn, donated, order = found
     given = tuple([leaves[i] for i in donated])
     donated_set = set(donated)
     kept = tuple([a for i, a in enumerate(leaves) if i not in donated_set])
-    if fn is None:
+    if found is None:
         with warnings.catch_warnings():
             # a donated input no output can reuse (another shape) is merely freed
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-            fn = _compiled[fingerprint] = cache.compile(
-                _segment_program(nodes, outputs, donated, len(leaves)),
+            fn = cache.compile(
+                _segment_program(nodes, tuple(outputs[k] for k in order), donated, len(leaves)),
                 (given, kept),
                 kind="segment",
                 name=_segment_name(nodes),
                 signature=_leaf_signature(nodes, leaves, donated),
                 donate_argnums=(0,) if donated else (),
             )
+        _compiled[fingerprint] = (fn, donated, order)
     else:
         metrics.count("cache_hits")
     del leaves
@@ -206,8 +211,32 @@ def flush(reason: str = "value needed") -> None:
     except jax.errors.JaxRuntimeError as error:
         memory_errors.raise_if_out_of_memory(error)
         raise
-    for p, value in zip(live, values):
-        p.value = value
+    for k, value in zip(order, values):
+        live[k].value = value
+
+
+def _paired_first(nodes: list, outputs: tuple, donated: tuple) -> tuple[tuple, tuple]:
+    """(donated leaves, output positions), each reordered so that the leaves whose storage
+    the segment rewrote come first, in the same order as their new values among the
+    outputs. JAX pairs each donated input with the first unpaired output of its shape
+    and dtype; given a parameter's gradient before its new value, XLA wrote the gradient
+    into the parameter's buffer and copied the parameter first."""
+    origin: dict = {}  # written ref -> the leaf whose storage it rewrote
+    for n, (entry, storage_refs, _, _) in enumerate(nodes):
+        for k, slot in enumerate(entry.written_slots):
+            ref = storage_refs[slot]
+            origin[(n, "w", k)] = ref if type(ref) is int else origin.get(ref)
+    wanted = set(donated)
+    newest: dict = {}  # leaf -> the position of its latest new value among the outputs
+    for position, ref in enumerate(outputs):
+        leaf = origin.get(ref)
+        if leaf in wanted and (leaf not in newest or outputs[newest[leaf]][0] < ref[0]):
+            newest[leaf] = position
+    paired = [leaf for leaf in donated if leaf in newest]
+    first = [newest[leaf] for leaf in paired]
+    taken = set(first)
+    rest = [k for k in range(len(outputs)) if k not in taken]
+    return tuple(paired + [leaf for leaf in donated if leaf not in newest]), tuple(first + rest)
 
 
 def _donatable(leaves: list) -> tuple[int, ...]:
