@@ -720,14 +720,17 @@ def test_threshold_matches_cpu(dtype, eager_mode):
 @pytest.mark.parametrize("dims", [2, 3])
 @pytest.mark.parametrize("which", ["input", "weight", "both", "neither"])
 @pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("out_channels", [3, 1])
 def test_convolution_of_channels_last_tensors_is_laid_out_as_cpu(
-    dims, which, transposed, eager_mode
+    dims, which, transposed, out_channels, eager_mode
 ):
     """CPU returns a channels_last result when the input or the weight is channels_last;
     PyTorch's meta kernel (tpu's result layout) only for CUDA, so tpu's was contiguous:
-    `y.permute(0, 2, 3, 1).view(n, -1)` ran on CPU and raised on tpu."""
+    `y.permute(0, 2, 3, 1).view(n, -1)` ran on CPU and raised on tpu. One output channel:
+    CPU's channels_last strides (HW, 1, W, 1), not the contiguous ones that equal them."""
     channels_last = torch.channels_last if dims == 2 else torch.channels_last_3d
-    x, w = randn(2, 3, *(5,) * dims), randn(3, 3, *(3,) * dims)
+    shape = (3, out_channels) if transposed else (out_channels, 3)
+    x, w = randn(2, 3, *(5,) * dims), randn(*shape, *(3,) * dims)
     if which in ("input", "both"):
         x = x.contiguous(memory_format=channels_last)
     if which in ("weight", "both"):

@@ -195,3 +195,33 @@ def test_pads_of_channels_last_tensors_stay_channels_last_as_on_cpu(mode, dims, 
     actual = F.pad(x.to("tpu"), pad, mode=mode)
     assert actual.stride() == expected.stride()
     torch.testing.assert_close(actual.cpu(), expected)
+
+
+LAYOUT_KEEPING_OPS = {
+    "roll": lambda t: t.roll(1, 2),
+    "roll flat": lambda t: t.roll(3),
+    "pixel_shuffle": lambda t: F.pixel_shuffle(t, 2),
+    "pixel_shuffle to one channel": lambda t: F.pixel_shuffle(t[:, :4], 2),
+    "pixel_unshuffle": lambda t: F.pixel_unshuffle(t, 2),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_KEEPING_OPS))
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_roll_and_pixel_shuffles_keep_cpus_layout(case, channels_last, eager_mode):
+    """CPU's kernels give a channels_last input a channels_last result; PyTorch's meta
+    kernel (roll) and decomposition (pixel_shuffle, as CUDA runs) gave contiguous, so
+    code viewing the result as channels_last raised on tpu only. Gradients too."""
+    op = LAYOUT_KEEPING_OPS[case]
+    x = torch.randn(2, 8, 4, 6)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    xt = x.to("tpu").requires_grad_()
+    x.requires_grad_()
+    expected, actual = op(x), op(xt)
+    assert actual.stride() == expected.stride()
+    torch.testing.assert_close(actual.cpu(), expected)
+    weights = torch.randn(expected.shape)
+    (expected * weights).sum().backward()
+    (actual * weights.to("tpu")).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)

@@ -23,7 +23,7 @@ from torch._prims_common import suggest_memory_format
 from .. import dtypes, precision
 from .indexing import outside
 from .pointwise import scalar_type_name
-from .registry import lower
+from .registry import in_memory_format, lower
 
 _HALF = (jnp.bfloat16, jnp.float16)
 
@@ -835,7 +835,7 @@ def _convolution_layout(values: list, result):
         return result
     channels_last = torch.channels_last if result.dim() == 4 else torch.channels_last_3d
     if channels_last in (suggest_memory_format(input), suggest_memory_format(weight)):
-        return result.contiguous(memory_format=channels_last)
+        return in_memory_format(result, channels_last)
     return result
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class Lowering:
@@ -55,6 +57,17 @@ class Lowering:
 
 
 LOWERINGS: dict[str, Lowering] = {}
+
+
+def in_memory_format(result, memory_format: torch.memory_format):
+    """A meta result laid out as `empty(..., memory_format=)` lays it out, as CPU's
+    kernels allocate: `result.contiguous(memory_format=)` keeps contiguous strides when
+    a size-1 channel dim makes them channels_last too (CPU gives (HW, 1, W, 1))."""
+    if memory_format is torch.contiguous_format:
+        return result
+    return torch.empty(
+        result.shape, dtype=result.dtype, device=result.device, memory_format=memory_format
+    )
 
 
 def canonical(name: str) -> str:

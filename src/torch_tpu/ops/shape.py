@@ -11,11 +11,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 from jax import lax
 from torch._prims_common import suggest_memory_format
 
-from .registry import lower
+from .registry import in_memory_format, lower
 
 
 def _dim(dim: int, ndim: int) -> int:
@@ -48,6 +47,13 @@ def repeat(self, repeats):
 # ---------------------------------------------------------------- permutations
 
 
+def _as_input_layout(values: list, result):
+    """CPU lays the result of these ops out as the input's suggested memory format
+    (channels_last stays channels_last, anything else is contiguous); PyTorch's meta
+    kernels and decompositions give contiguous."""
+    return in_memory_format(result, suggest_memory_format(values[0]))
+
+
 @lower("flip.default")
 def flip(self, dims):
     """A 0-d tensor flips to itself along its one (wrapped) dim, as on CPU."""
@@ -56,11 +62,40 @@ def flip(self, dims):
     return jnp.flip(self, tuple(_dim(d, self.ndim) for d in dims))
 
 
-@lower("roll.default")
+def _roll_layout(values: list, result):
+    """CPU rolls over dims as `_as_input_layout`; a flat roll (no dims) is contiguous."""
+    dims = values[2] if len(values) > 2 else ()
+    return _as_input_layout(values, result) if dims else result
+
+
+@lower("roll.default", result_layout=_roll_layout)
 def roll(self, shifts, dims=()):
     if not dims:
         return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
     return jnp.roll(self, tuple(shifts), tuple(_dim(d, self.ndim) for d in dims))
+
+
+@lower("pixel_shuffle.default", result_layout=_as_input_layout)
+def pixel_shuffle(self, upscale_factor):
+    """(*, C r^2, H, W) -> (*, C, H r, W r); its own lowering for CPU's channels_last
+    result (PyTorch's decomposition, which CUDA runs too, gives contiguous)."""
+    r = upscale_factor
+    *batch, c, h, w = self.shape
+    n = len(batch)
+    x = self.reshape(*batch, c // (r * r), r, r, h, w)
+    x = x.transpose(*range(n), n, n + 3, n + 1, n + 4, n + 2)
+    return x.reshape(*batch, c // (r * r), h * r, w * r)
+
+
+@lower("pixel_unshuffle.default", result_layout=_as_input_layout)
+def pixel_unshuffle(self, downscale_factor):
+    """(*, C, H r, W r) -> (*, C r^2, H, W), pixel_shuffle's inverse."""
+    r = downscale_factor
+    *batch, c, h, w = self.shape
+    n = len(batch)
+    x = self.reshape(*batch, c, h // r, r, w // r, r)
+    x = x.transpose(*range(n), n, n + 2, n + 4, n + 1, n + 3)
+    return x.reshape(*batch, c * r * r, h // r, w // r)
 
 
 # ------------------------------------------------------------------- triangles
@@ -114,15 +149,6 @@ def _pad_backward(grad_output, self, padding, mode: str):
     """The pad's own pullback: each input element gets the sum of its copies."""
     _, pullback = jax.vjp(lambda x: _pad(x, padding, mode), self.astype(grad_output.dtype))
     return pullback(grad_output)[0]
-
-
-def _as_input_layout(values: list, result):
-    """CPU's reflection and replication pads lay the result out as the input
-    (channels_last stays channels_last); PyTorch's meta kernels give contiguous."""
-    memory_format = suggest_memory_format(values[0])
-    if memory_format is torch.contiguous_format:
-        return result
-    return result.contiguous(memory_format=memory_format)
 
 
 @lower(
