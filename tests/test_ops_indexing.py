@@ -507,3 +507,46 @@ def _raised_or_value(fn):
         return fn()
     except Exception as error:  # the outcome under test
         return error
+
+
+HALF_SCATTERS = {
+    # CPU's scatter kernels take float16/bfloat16 sums and products in float32 and round
+    # once (a mean: the rounded sum over the count)
+    "scatter_add": lambda b, d, i, i1, s: b.scatter_add(d, i, s),
+    "scatter_reduce sum": lambda b, d, i, i1, s: b.scatter_reduce(d, i, s, "sum"),
+    "scatter_reduce sum, no self": lambda b, d, i, i1, s: b.scatter_reduce(
+        d, i, s, "sum", include_self=False
+    ),
+    "scatter_reduce mean": lambda b, d, i, i1, s: b.scatter_reduce(d, i, s, "mean"),
+    "scatter_reduce prod": lambda b, d, i, i1, s: b.scatter_reduce(d, i, s.abs() + 0.5, "prod"),
+    "scatter reduce=add": lambda b, d, i, i1, s: b.scatter(d, i, s, reduce="add"),
+    "index_add": lambda b, d, i, i1, s: b.index_add(d, i1, s),
+    # its loop rounds after every add: an int32 index, alpha != 1, a 1-D self or a middle dim
+    "index_add int32 index": lambda b, d, i, i1, s: b.index_add(d, i1.int(), s),
+    "index_add alpha": lambda b, d, i, i1, s: b.index_add(d, i1, s, alpha=2),
+    "index_reduce mean": lambda b, d, i, i1, s: b.index_reduce(d, i1, s, "mean"),
+    "index_put accumulate": lambda b, d, i, i1, s: b.index_put((i1,), s, accumulate=True),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape,dim", [((5,), 0), ((5, 8), 0), ((8, 5), 1), ((4, 5, 6), 1)])
+@pytest.mark.parametrize("case", list(HALF_SCATTERS))
+def test_half_precision_scatters_round_as_cpu(case, shape, dim, dtype, eager_mode):
+    """300 values into a few positions: tpu rounded after every add where CPU's scatter
+    kernels sum in float32 (several units in the last place apart); now bit for bit."""
+    if case == "index_put accumulate" and dim != 0:
+        pytest.skip("index_put indexes the first dim: covered by dim 0")
+    g = torch.Generator().manual_seed(0)
+    n = 300
+    base = torch.randn(shape, generator=g).to(dtype)
+    source_shape = list(shape)
+    source_shape[dim] = n
+    source = torch.randn(source_shape, generator=g).to(dtype)
+    index = torch.randint(0, shape[dim], source_shape, generator=g)
+    index1 = torch.randint(0, shape[dim], (n,), generator=g)
+    op = HALF_SCATTERS[case]
+    expected = op(base, dim, index, index1, source)
+    tpu = [t.to("tpu") for t in (base, index, index1, source)]
+    actual = op(tpu[0], dim, tpu[1], tpu[2], tpu[3])
+    assert torch.equal(actual.cpu(), expected)

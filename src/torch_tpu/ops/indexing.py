@@ -440,13 +440,26 @@ def _extreme(dtype, largest: bool):
 _IDENTITY = {"sum": 0, "mean": 0, "prod": 1}
 
 
-def _reduce_at(base, where, src, reduce: str, include_self: bool = True):
+_HALF_TYPES = (jnp.float16, jnp.bfloat16)
+
+
+def _reduce_at(base, where, src, reduce: str, include_self: bool = True, wide: bool = False):
     """base with src combined into base[where] by reduce (sum, prod, mean, amax,
     amin), repeated positions combining too. Bools combine as integers, so a
-    sum is an or and a product an and, as in PyTorch."""
+    sum is an or and a product an and, as in PyTorch.
+
+    wide: a float16/bfloat16 sum, product (and mean's sum) is taken in float32 and
+    rounded once, as CPU's scatter kernels do; otherwise every step rounds, as CPU's
+    index_add loops do (with many repeated positions the two differ by several units in
+    the last place)."""
     if base.dtype == jnp.bool_:
         as_int = _reduce_at(base.astype(jnp.int32), where, src, reduce, include_self)
         return as_int != 0
+    if wide and base.dtype in _HALF_TYPES and reduce in ("sum", "mean", "prod"):
+        step = "prod" if reduce == "prod" else "sum"
+        total = _reduce_at(base.astype(jnp.float32), where, src, step, include_self)
+        total = total.astype(base.dtype)
+        return total if reduce != "mean" else _by_count(total, where, include_self)
     src = jnp.asarray(src).astype(base.dtype)
     if not include_self:
         identity = _IDENTITY.get(reduce, _extreme(base.dtype, reduce == "amin"))
@@ -454,11 +467,14 @@ def _reduce_at(base, where, src, reduce: str, include_self: bool = True):
     ref = base.at[where]
     combine = {"sum": ref.add, "mean": ref.add, "prod": ref.multiply, "amax": ref.max}
     out = combine.get(reduce, ref.min)(src, mode="drop")
-    if reduce != "mean":
-        return out
-    count = jnp.zeros(base.shape, jnp.int64).at[where].add(1, mode="drop") + int(include_self)
-    count = jnp.maximum(count, 1).astype(base.dtype)
-    return out / count if jnp.issubdtype(base.dtype, jnp.inexact) else out // count
+    return out if reduce != "mean" else _by_count(out, where, include_self)
+
+
+def _by_count(total, where, include_self: bool):
+    """A scatter mean from its sums: each position divided by how many values it got."""
+    count = jnp.zeros(total.shape, jnp.int64).at[where].add(1, mode="drop") + int(include_self)
+    count = jnp.maximum(count, 1).astype(total.dtype)
+    return total / count if jnp.issubdtype(total.dtype, jnp.inexact) else total // count
 
 
 @lower(
@@ -470,13 +486,15 @@ def _reduce_at(base, where, src, reduce: str, include_self: bool = True):
 @_scalar_safe
 def scatter_reduce_legacy(self, dim, index, src, reduce):
     reduce = "sum" if reduce == "add" else "prod"
-    return _reduce_at(self, _dim_indices(index, dim), _src(src, index, self.dtype), reduce)
+    src = _src(src, index, self.dtype)
+    return _reduce_at(self, _dim_indices(index, dim), src, reduce, wide=True)
 
 
 @lower("scatter_add.default", check=_check_gather, device_check=_gather_device_check)
 @_scalar_safe
 def scatter_add(self, dim, index, src):
-    return _reduce_at(self, _dim_indices(index, dim), _src(src, index, self.dtype), "sum")
+    src = _src(src, index, self.dtype)
+    return _reduce_at(self, _dim_indices(index, dim), src, "sum", wide=True)
 
 
 _REDUCE_ALIASES = {"max": "amax", "min": "amin"}
@@ -503,7 +521,7 @@ def _check_scatter_reduce(values: list) -> bool:
 def scatter_reduce(self, dim, index, src, reduce, include_self=True):
     reduce = _REDUCE_ALIASES.get(reduce, reduce)
     src = _src(src, index, self.dtype)
-    return _reduce_at(self, _dim_indices(index, dim), src, reduce, include_self)
+    return _reduce_at(self, _dim_indices(index, dim), src, reduce, include_self, wide=True)
 
 
 # ------------------------------------------------------------- index_* along dim
@@ -537,11 +555,27 @@ def index_select(self, dim, index):
 
 
 @lower(
-    "index_add.default", check=_check_index_select, device_check=_index_select_device_check
+    "index_add.default",
+    static_scalars=True,  # (alpha == 1 picks CPU's kernel: below)
+    check=_check_index_select,
+    device_check=_index_select_device_check,
 )
+def index_add(self, dim, index, source, alpha=1):
+    """CPU hands index_add to its scatter_add kernel (half precision summed in float32)
+    when self has dims beyond the indexed one, that one is the first or the last, the
+    index is int64 and alpha is 1; otherwise its loop rounds after every add."""
+    wide = (
+        self.ndim > 1
+        and _dim(dim, self.ndim) in (0, self.ndim - 1)
+        and index.dtype == jnp.int64
+        and alpha == 1
+    )
+    return _index_add(self, dim, index, source, alpha, wide)
+
+
 @_along
-def index_add(self, index, source, alpha=1):
-    return _reduce_at(self, index, source * alpha, "sum")
+def _index_add(self, index, source, alpha, wide: bool):
+    return _reduce_at(self, index, source * alpha, "sum", wide=wide)
 
 
 @lower(
