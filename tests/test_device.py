@@ -295,6 +295,23 @@ def test_sparse_tensors_on_tpu_are_refused_naming_the_limit(make_sparse):
         make_sparse()
 
 
+@pytest.mark.parametrize(
+    "make_quantized",
+    [
+        lambda: torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8).to("tpu"),
+        lambda: torch.quantize_per_tensor(torch.randn(4, device="tpu"), 0.1, 0, torch.qint8),
+    ],
+    ids=["moved", "quantized_on_tpu"],
+)
+def test_quantized_tensors_on_tpu_are_refused_naming_the_limit(make_quantized):
+    """PyTorch's own error named aten::empty_quantized and the 'Quantizedtpu' backend
+    (found by PyTorch's test_shape_ops flip test, helper-43)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the CPU fallback's, once per op and process)
+        with pytest.raises(NotImplementedError, match="quantized tensors are not supported"):
+            make_quantized()
+
+
 def test_rng_state_round_trip_and_seeding():
     torch.manual_seed(123)
     first = torch.randn(4, device="tpu").cpu()

@@ -58,6 +58,15 @@ def _sparse_fallback(op, *args, **kwargs):
     )
 
 
+def _quantized_fallback(op, *args, **kwargs):
+    """The quantized tpu key's boxed fallback: PyTorch's own message ("Could not run
+    'aten::empty_quantized' ... 'Quantizedtpu' backend") named an internal constructor."""
+    raise NotImplementedError(
+        f"{op._schema.name}: quantized tensors are not supported on tpu; dequantize() "
+        "before moving to tpu, or keep quantized work on the CPU"
+    )
+
+
 def _create_tpu_dist(*args, **kwargs):
     """c10d's creator for `tpu_dist` until the device starts (which re-registers the real one)."""
     sys.modules[__package__].init()
@@ -107,4 +116,5 @@ def register() -> None:
     _fallback_library.fallback(_fallback, "PrivateUse1")
     for sparse_key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
         _fallback_library.fallback(_sparse_fallback, sparse_key)
+    _fallback_library.fallback(_quantized_fallback, "QuantizedPrivateUse1")
     _register_tpu_dist()

@@ -107,13 +107,18 @@ def run_on_cpu(op, args: tuple, kwargs: dict):
 
 
 def _refuse_other_layouts(name: str, result) -> None:
-    """A sparse (or other non-strided) result cannot live on tpu: say so by the op's name
-    (moving it back failed inside a sparse constructor the user never called)."""
+    """A sparse (or other non-strided) or quantized result cannot live on tpu: say so by
+    the op's name (moving it back failed inside a constructor the user never called)."""
     for value in result if isinstance(result, (list, tuple)) else [result]:
         if isinstance(value, torch.Tensor) and value.layout != torch.strided:
             raise NotImplementedError(
                 f"{name} returns a tensor of layout {value.layout}: tpu tensors are dense "
                 "(torch.strided) only; keep this part of the program on the CPU"
+            )
+        if isinstance(value, torch.Tensor) and value.is_quantized:
+            raise NotImplementedError(
+                f"{name} returns a quantized tensor: quantized tensors are not supported "
+                "on tpu; keep quantized work on the CPU"
             )
 
 
