@@ -204,3 +204,25 @@ def test_deterministic_mode_fills_uninitialized_memory_as_cpu(dtype):
         }  # fmt: skip
     for cpu, tpu in zip(made["cpu"], made["tpu"]):
         torch.testing.assert_close(tpu.cpu(), cpu, equal_nan=True)
+
+
+OUT_FACTORIES = {
+    "full": lambda out: torch.full((4,), 3.5, out=out),
+    "ones": lambda out: torch.ones(4, out=out),
+    "zeros": lambda out: torch.zeros(4, out=out),
+    "randn": lambda out: torch.randn(4, out=out),
+    "resize_ to its own size": lambda out: out.resize_(4).fill_(2.0),
+}
+
+
+@pytest.mark.parametrize("case", list(OUT_FACTORIES))
+def test_out_into_a_strided_view_writes_only_the_view(case, eager_mode):
+    """ATen's full/ones/randn(out=) resize their out= first; resize_ to a tensor's own size
+    keeps its strides on CPU, and tpu made it contiguous: `full((4,), 3.5, out=base[::2])`
+    wrote 3.5 into base[:4] instead of base[::2] (helper-44, PyTorch's test_ops)."""
+    base = torch.full((8,), 7.0, device="tpu")
+    out = base[::2]
+    OUT_FACTORIES[case](out)
+    assert out.stride() == (2,)
+    assert torch.equal(base[1::2].cpu(), torch.full((4,), 7.0))
+    assert bool((base[::2] != 7.0).all())

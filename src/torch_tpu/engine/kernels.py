@@ -180,6 +180,10 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 
 def _resize(self, size, memory_format=None):
     size = tuple(size)
+    if memory_format is None and tuple(self.shape) == size:
+        # CPU keeps the strides of a tensor resized to its own size: `full(out=x[::2])`
+        # resizes its out= first, and restriding it wrote outside the view
+        return self
     strides = _format_strides(size, memory_format or torch.contiguous_format)
     if tuple(self.shape) != size or tuple(self.stride()) != strides:
         storage = self.untyped_storage()
