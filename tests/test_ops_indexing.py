@@ -550,3 +550,20 @@ def test_half_precision_scatters_round_as_cpu(case, shape, dim, dtype, eager_mod
     tpu = [t.to("tpu") for t in (base, index, index1, source)]
     actual = op(tpu[0], dim, tpu[1], tpu[2], tpu[3])
     assert torch.equal(actual.cpu(), expected)
+
+
+def test_masked_scatter_of_an_empty_source_under_an_empty_mask(eager_mode):
+    """CPU returns the input; tpu's lowering indexed the empty source and failed (the
+    backward of torch.combinations of one element reaches it; helper-44, test_ops)."""
+    x = torch.arange(3.0, device="tpu")
+    mask = torch.zeros(3, dtype=torch.bool, device="tpu")
+    assert torch.equal(x.masked_scatter(mask, torch.empty(0, device="tpu")).cpu(), x.cpu())
+
+
+def test_bucketize_with_out_as_cpu(eager_mode):
+    """bucketize(out=) raised "too many values to unpack" in its argument check."""
+    b = torch.tensor([-4.7, -2.8, 0.3, 3.3, 7.8])
+    x = torch.tensor([8.2, 0.0, -5.0])
+    out = torch.empty(3, dtype=torch.long, device="tpu")
+    torch.bucketize(x.to("tpu"), b.to("tpu"), out=out)
+    assert torch.equal(out.cpu(), torch.bucketize(x, b))

@@ -327,3 +327,26 @@ def test_half_precision_batched_products_round_like_cpu(fn, no_fallback):
 @pytest.mark.parametrize("uplo", ["L", "U"])
 def test_eigh_reads_the_requested_triangle(uplo, no_fallback):
     assert_same(lambda t: torch.linalg.eigvalsh(t, UPLO=uplo), torch.randn(2, 4, 4), **F32)
+
+
+@pytest.mark.parametrize("uplo", ["L", "l", "U", "u"])
+def test_eigh_reads_the_triangle_uplo_names_in_either_case(uplo, eager_mode):
+    """CPU takes 'l' as 'L'; tpu read the upper triangle for anything but 'L' (a
+    non-symmetric input shows which triangle was read; helper-42's test_linalg run)."""
+    a = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    expected = torch.linalg.eigvalsh(a, UPLO=uplo)
+    torch.testing.assert_close(torch.linalg.eigvalsh(a.to("tpu"), UPLO=uplo).cpu(), expected)
+
+
+def test_cdist_p0_gradient_has_the_broadcast_batch_shape(eager_mode):
+    """p=0's gradient is zero; its lowering returned x1's own shape, not the batch shape
+    x1 and x2 broadcast to, and failed the result-shape check (helper-44, test_ops)."""
+    x1 = torch.randn(2, 1, 1, 2, dtype=torch.float64)
+    x2 = torch.randn(1, 2, 2, dtype=torch.float64)
+    grads = []
+    for device in ("cpu", "tpu"):
+        a, b = (x.detach().to(device).requires_grad_() for x in (x1, x2))
+        torch.cdist(a, b, p=0).sum().backward()
+        grads.append((a.grad.cpu(), b.grad.cpu()))
+    for expected, actual in zip(*grads):
+        assert torch.equal(actual, expected)

@@ -828,3 +828,11 @@ def test_exp2_of_integers_is_an_exact_power_of_two(dtype, no_pointwise_fallback)
     assert_same(torch.exp2, x, atol=0, rtol=0)
     values = torch.tensor([_INF, -_INF, _NAN, 0.0, -0.0, 1e30, -1e30, 0.5, -7.25, 100.3])
     assert_same(torch.exp2, values.to(dtype) if dtype.is_floating_point else values)
+
+
+@pytest.mark.parametrize("op", [torch.complex, torch.polar])
+def test_complex_parts_broadcast_as_cpu(op, eager_mode):
+    """real (5, 1) with imag (5,): lax.complex does not broadcast and the lowering failed
+    (helper-44, PyTorch's test_ops)."""
+    a, b = torch.rand(5, 1) + 0.1, torch.randn(5)
+    torch.testing.assert_close(op(a.to("tpu"), b.to("tpu")).cpu(), op(a, b))

@@ -649,7 +649,9 @@ def _check_masked_scatter(values: list) -> bool:
 @lower("masked_scatter.default", check=_check_masked_scatter)
 def masked_scatter(self, mask, source):
     self, mask = jnp.broadcast_arrays(self, mask)
-    picked = source.reshape(-1)[jnp.clip(_mask_positions(mask), 0, max(source.size - 1, 0))]
+    if source.size == 0:  # nothing to pick from: the mask is all False (else CPU refuses)
+        return self
+    picked = source.reshape(-1)[jnp.clip(_mask_positions(mask), 0, source.size - 1)]
     return jnp.where(mask, picked.reshape(self.shape).astype(self.dtype), self)
 
 
@@ -873,7 +875,7 @@ def _searchsorted_device_check(sorted_sequence, self, out_int32, right, side, so
 
 def _check_bucketize(values: list) -> bool:
     """As `_check_searchsorted`: CPU refuses boundaries of more than one dim."""
-    value, boundaries, out_int32, right = _cpu_stand_ins(values)
+    value, boundaries, out_int32, right = _cpu_stand_ins(values)[:4]  # (out= has a 5th)
     torch.bucketize(value, boundaries, out_int32=out_int32, right=right)
     return False
 

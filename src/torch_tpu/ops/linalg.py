@@ -349,7 +349,7 @@ def linalg_svd(A, full_matrices=False, compute_uv=True, driver=None):
 
 @lower("_linalg_eigh.default")
 def linalg_eigh(A, UPLO="L", compute_v=True):
-    vectors, values = jax.lax.linalg.eigh(A, lower=UPLO == "L", symmetrize_input=False)
+    vectors, values = jax.lax.linalg.eigh(A, lower=UPLO.upper() == "L", symmetrize_input=False)
     return values, (vectors if compute_v else jnp.zeros((0,), A.dtype))
 
 
@@ -412,8 +412,8 @@ def cdist_backward(grad, x1, x2, p, cdist):
     diff = x1[..., :, None, :] - x2[..., None, :, :]
     dist = cdist[..., None]
     g = grad[..., None]
-    if p == 0:
-        return jnp.zeros_like(x1)
+    if p == 0:  # (at the batch shape x1 and x2 broadcast to, as the other branches)
+        return jnp.zeros(diff.shape[:-2] + diff.shape[-1:], diff.dtype)
     if p == 1:
         terms = jnp.sign(diff) * g
     elif math.isinf(p):

@@ -1024,9 +1024,9 @@ def _check_complex_parts(values: list) -> bool:
 
 @lower("complex.default", check=_check_complex_parts)
 def complex_(real, imag):
-    return lax.complex(real, imag)
+    return lax.complex(*jnp.broadcast_arrays(real, imag))  # (lax.complex does not broadcast)
 
 
 @lower("polar.default", check=_check_complex_parts)
 def polar(abs, angle):
-    return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
+    return lax.complex(*jnp.broadcast_arrays(abs * jnp.cos(angle), abs * jnp.sin(angle)))
