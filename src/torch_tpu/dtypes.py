@@ -27,6 +27,8 @@ TORCH_TO_JAX: dict[torch.dtype, jnp.dtype] = {
     torch.float8_e5m2: jnp.dtype(ml_dtypes.float8_e5m2),
 }
 JAX_TO_TORCH: dict[jnp.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+# the half-precision floats, which kernels widen to float32 for computing (as CPU's)
+HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 # numpy has no bfloat16/float8: torch.from_numpy cannot take those, so host
 # copies travel as same-width integers and are reinterpreted on each side.

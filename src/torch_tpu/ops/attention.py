@@ -22,10 +22,11 @@ import math
 import jax
 import jax.numpy as jnp
 
+from .. import dtypes
 from .linalg import matmul
 from .registry import lower
 
-_HALF = (jnp.bfloat16, jnp.float16)
+_HALF = dtypes.HALF_FLOATS
 
 
 def _up(x):

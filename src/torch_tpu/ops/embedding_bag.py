@@ -15,11 +15,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .. import dtypes
 from .indexing import outside
 from .registry import lower
 
 _SUM, _MEAN, _MAX = 0, 1, 2
-_HALF = (jnp.bfloat16, jnp.float16)
+_HALF = dtypes.HALF_FLOATS
 
 
 def _up(x):

@@ -21,6 +21,7 @@ import torch
 from jax import lax
 from torch._prims_common import canonicalize_dim
 
+from .. import dtypes
 from .pointwise import check_fill_value, scalar_type_name
 from .registry import lower
 
@@ -440,9 +441,6 @@ def _extreme(dtype, largest: bool):
 _IDENTITY = {"sum": 0, "mean": 0, "prod": 1}
 
 
-_HALF_TYPES = (jnp.float16, jnp.bfloat16)
-
-
 def _reduce_at(base, where, src, reduce: str, include_self: bool = True, wide: bool = False):
     """base with src combined into base[where] by reduce (sum, prod, mean, amax,
     amin), repeated positions combining too. Bools combine as integers, so a
@@ -455,7 +453,7 @@ def _reduce_at(base, where, src, reduce: str, include_self: bool = True, wide: b
     if base.dtype == jnp.bool_:
         as_int = _reduce_at(base.astype(jnp.int32), where, src, reduce, include_self)
         return as_int != 0
-    if wide and base.dtype in _HALF_TYPES and reduce in ("sum", "mean", "prod"):
+    if wide and base.dtype in dtypes.HALF_FLOATS and reduce in ("sum", "mean", "prod"):
         step = "prod" if reduce == "prod" else "sum"
         total = _reduce_at(base.astype(jnp.float32), where, src, step, include_self)
         total = total.astype(base.dtype)

@@ -25,7 +25,7 @@ from .indexing import outside
 from .pointwise import scalar_type_name
 from .registry import in_memory_format, lower
 
-_HALF = (jnp.bfloat16, jnp.float16)
+_HALF = dtypes.HALF_FLOATS
 
 
 def _up(x):

@@ -124,7 +124,7 @@ def _check_logic_out(name: str, arity: int):
 
     return check
 
-_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_HALF = dtypes.HALF_FLOATS
 
 
 # ------------------------------------------------------------------ helpers

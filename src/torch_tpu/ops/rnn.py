@@ -17,9 +17,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .. import dtypes
 from .registry import lower
 
-_HALF = (jnp.bfloat16, jnp.float16)
+_HALF = dtypes.HALF_FLOATS
 
 
 def _up(x):

@@ -64,8 +64,7 @@ def flip(self, dims):
 
 def _roll_layout(values: list, result):
     """CPU rolls over dims as `_as_input_layout`; a flat roll (no dims) is contiguous."""
-    dims = values[2] if len(values) > 2 else ()
-    return _as_input_layout(values, result) if dims else result
+    return _as_input_layout(values, result) if values[2] else result  # (self, shifts, dims)
 
 
 @lower("roll.default", result_layout=_roll_layout)

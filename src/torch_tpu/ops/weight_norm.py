@@ -10,9 +10,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .. import dtypes
 from .registry import lower
 
-_HALF = (jnp.float16, jnp.bfloat16)
+_HALF = dtypes.HALF_FLOATS
 
 
 def _norm_axes(v, dim: int) -> tuple[int, ...]:
