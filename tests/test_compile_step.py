@@ -172,6 +172,83 @@ def test_changes_to_the_model_between_steps_are_followed_as_on_cpu():
     assert tpu[0].bias.grad is None and step.traces == 5
 
 
+def _on_weight(make):
+    """A change applied alike to the first weight of both models."""
+
+    def change(cpu, tpu, cpu_opt, tpu_opt) -> None:
+        with torch.no_grad():
+            for model in (cpu, tpu):
+                make(model[0].weight)
+
+    return change
+
+
+def _into_larger_storage(w: torch.Tensor) -> None:
+    base = torch.zeros(w.numel() + 3, dtype=w.dtype, device=w.device)
+    base[3:] = w.reshape(-1)
+    w.data = base[3:].view(w.shape)  # same values, storage offset 3
+
+
+def _replace_moment(cpu, tpu, cpu_opt, tpu_opt) -> None:
+    for model, opt in ((cpu, cpu_opt), (tpu, tpu_opt)):
+        opt.state[model[2].weight]["momentum_buffer"] = torch.ones_like(model[2].weight)
+
+
+def _load_state(cpu, tpu, cpu_opt, tpu_opt) -> None:
+    for opt in (cpu_opt, tpu_opt):
+        opt.load_state_dict(copy.deepcopy(cpu_opt.state_dict()))
+
+
+@pytest.mark.parametrize(
+    "setup, change",
+    [
+        (None, _on_weight(lambda w: setattr(w, "data", w * 0.5))),
+        (None, _on_weight(lambda w: setattr(w, "data", w.t().contiguous().t()))),
+        # the same storage read at other strides or another offset (other elements)
+        (None, _on_weight(lambda w: w.as_strided_(w.shape, (1, w.shape[0])))),
+        (
+            _on_weight(_into_larger_storage),
+            _on_weight(lambda w: w.as_strided_(w.shape, w.stride(), 0)),
+        ),
+        (None, _replace_moment),
+        (None, _load_state),
+    ],
+    ids=[
+        "new-data",
+        "new-strides",
+        "strides-in-place",
+        "offset-in-place",
+        "moment-replaced",
+        "state-loaded",
+    ],
+)
+def test_tensors_changed_between_steps_are_read_as_on_cpu(setup, change):
+    """The step remembers how the last call's parameters and optimizer state were laid
+    out (their storages, offsets, sizes and strides) and checks that instead of
+    describing them again: a parameter given new data, restrided or moved in its
+    storage, or a moment replaced, must be read as it now is, never as it was."""
+    cpu = _mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu_opt, tpu_opt = _optimizer("sgd", cpu.parameters()), _optimizer("sgd", tpu.parameters())
+    step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
+    x, y = _batch()
+    for k in range(4):
+        if k == 0 and setup is not None:
+            setup(cpu, tpu, cpu_opt, tpu_opt)
+        if k == 2:
+            change(cpu, tpu, cpu_opt, tpu_opt)
+        cpu_opt.zero_grad()
+        loss = nn.functional.cross_entropy(cpu(x), y)
+        loss.backward()
+        cpu_opt.step()
+        assert step(x.to("tpu"), y.to("tpu")).item() == pytest.approx(loss.item(), rel=1e-5)
+    _assert_models_equal(cpu, tpu)
+    for c, t in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(
+            tpu_opt.state[t]["momentum_buffer"].cpu(), cpu_opt.state[c]["momentum_buffer"]
+        )
+
+
 def test_gradients_of_parameters_outside_the_optimizer_accumulate_as_on_cpu():
     """zero_grad() clears only the optimizer's parameters: the others' gradients add up
     step after step on CPU, and so they must here."""
@@ -269,3 +346,22 @@ def test_unsupported_steps_raise_clear_errors():
             model, torch.optim.SGD(model.parameters(), lr=0.1), lambda out, t: out - t
         )(x.to("tpu"), torch.randn(3, 4).to("tpu"))
     assert isinstance(UnsupportedStep("x"), RuntimeError)
+
+
+def test_a_model_moved_off_the_device_frees_its_storages():
+    """The step remembers the last call's parameter storages to check the next call
+    against: weakly, so moving the model to the CPU frees its device buffers."""
+    import gc
+    import weakref
+
+    model = _mlp().to("tpu")
+    opt = _optimizer("sgd", model.parameters())
+    step = torch_tpu.compile_step(model, opt, nn.functional.cross_entropy)
+    x, y = _batch()
+    for _ in range(3):
+        step(x.to("tpu"), y.to("tpu")).item()
+    refs = [weakref.ref(storage_of(p)) for p in model.parameters()]
+    opt.state.clear()  # (the momentum buffers are the optimizer's to free)
+    model.to("cpu")
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)

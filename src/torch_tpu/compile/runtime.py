@@ -57,7 +57,11 @@ class CompiledGraph:
         name: str,
         input_names: list[str] | None = None,
         options: dict | None = None,
+        stable_inputs: int = 0,
     ) -> None:
+        """stable_inputs: how many leading inputs the caller passes again, unchanged, on
+        most calls (a compiled training step's parameters and optimizer state): their
+        description is remembered and checked instead of rebuilt (`_StablePrefix`)."""
         # AOTAutograd passes one list we may clear (frees inputs early). An instance
         # attribute: Dynamo's disable() wrapper copies __dict__, not class attributes.
         self._boxed_call = True
@@ -83,6 +87,9 @@ class CompiledGraph:
         self.checked = interpret.device_checked(gm.graph)  # (index values: device_asserts)
         self._plan(gm.graph, nodes)
         self.executables: dict = {}
+        self.stable_inputs = stable_inputs
+        self._prefix: _StablePrefix | None = None
+        self._prefix_tokens: dict = {}  # a stable prefix's key -> the small int keys use
         _LIVE.add(self)
 
     def _plan(self, graph: torch.fx.Graph, inputs: list) -> None:
@@ -179,14 +186,31 @@ class CompiledGraph:
         cheap to build and hash (it runs on every call, over every parameter of a
         training step): per tensor what the eager fast path's signature holds
         (`fastpath.add_tensor`, offsets passed at run time included), per size input a
-        1-tuple. A CPU input (an optimizer's step) is uploaded in place in `tensors`."""
+        1-tuple. A CPU input (an optimizer's step) is uploaded in place in `tensors`.
+        With stable inputs, the key starts with a small int standing for the prefix's
+        part, and a prefix seen on the last call is checked, not described again."""
         key: list = []
         storages: list = []
         slots: dict = {}
-        host: dict = {}
         offsets: list = []
+        start = 0
+        if self.stable_inputs:
+            prefix = self._prefix
+            payloads = None if prefix is None else prefix.matches(tensors)
+            if payloads is None:
+                prefix = self._prefix = self._describe_prefix(tensors)
+            if prefix is not None:
+                key.append(prefix.token)
+                if payloads is None:
+                    payloads = [t.untyped_storage()._tpu for t in tensors[: prefix.n]]
+                storages += [payloads[k] for k in prefix.firsts]
+                slots.update(prefix.slots)
+                offsets += prefix.offsets
+                start = prefix.n
+        host: dict = {}
         add_tensor = fastpath.add_tensor
-        for k, t in enumerate(tensors):
+        for k in range(start, len(tensors)):
+            t = tensors[k]
             try:
                 storage = t.untyped_storage()._tpu
             except AttributeError:
@@ -201,6 +225,23 @@ class CompiledGraph:
                 storage = storage_of(t)
             add_tensor(t, storage, key, storages, slots, offsets)
         return tuple(key), storages, host, [np.int64(offset) for offset in offsets]
+
+    def _describe_prefix(self, tensors: list) -> _StablePrefix | None:
+        """The stable prefix of this call described, or None when it holds anything but
+        tpu tensors (those take the general path every call)."""
+        prefix = tensors[: self.stable_inputs]
+        try:
+            payloads = [t.untyped_storage()._tpu for t in prefix]
+        except AttributeError:
+            return None
+        key: list = []
+        storages: list = []
+        slots: dict = {}
+        offsets: list = []
+        for t, storage in zip(prefix, payloads):
+            fastpath.add_tensor(t, storage, key, storages, slots, offsets)
+        token = self._prefix_tokens.setdefault(tuple(key), len(self._prefix_tokens))
+        return _StablePrefix(prefix, payloads, token, slots, offsets)
 
     @staticmethod
     def _layouts(tensors: list) -> tuple:
@@ -246,6 +287,51 @@ class CompiledGraph:
             options=self.options,
             donate_argnums=donate,
         )
+
+
+class _StablePrefix:
+    """A call's leading inputs as `_describe` saw them: the same storages at the same
+    offsets, with the same sizes, strides, dtype and dispatch keys (a C++ guard checks
+    those), describe the same way, so the next call checks that instead of describing
+    each tensor again (on a training step's hundreds of parameters and moments that cost
+    more host time than the executable's own call). Storages are held weakly: a model
+    moved off the device frees them."""
+
+    __slots__ = ("n", "refs", "storage_offsets", "guards", "token", "firsts", "slots", "offsets")
+
+    def __init__(self, prefix: list, payloads: list, token: int, slots: dict, offsets: list):
+        from torch._C._dynamo.guards import TensorGuards
+
+        self.n = len(prefix)
+        self.refs = [weakref.ref(p) for p in payloads]
+        self.storage_offsets = [t.storage_offset() for t in prefix]
+        self.guards = TensorGuards(
+            *prefix,
+            dynamic_dims_sizes=[list(t.shape) for t in prefix],
+            dynamic_dims_strides=[list(t.stride()) for t in prefix],
+        )
+        self.token = token
+        firsts: dict = {}  # per storage slot, the first input over it
+        for k, p in enumerate(payloads):
+            firsts.setdefault(id(p), k)
+        self.firsts = list(firsts.values())
+        self.slots = slots  # id(storage) -> slot: the ids of live objects checked alike
+        self.offsets = offsets
+
+    def matches(self, tensors: list) -> list | None:
+        """The prefix's storages (one per input) if it matches, else None."""
+        prefix = tensors[: self.n]
+        try:
+            payloads = [t.untyped_storage()._tpu for t in prefix]
+        except AttributeError:
+            return None
+        if (
+            payloads == [ref() for ref in self.refs]  # (Storage has no __eq__: identity)
+            and [t.storage_offset() for t in prefix] == self.storage_offsets
+            and self.guards.check(*prefix)
+        ):
+            return payloads
+        return None
 
 
 def _view_of_input(node: torch.fx.Node, placeholders: list) -> tuple | None:

@@ -164,7 +164,10 @@ class CompiledStep:
         except interpret.Unsupported as e:
             raise UnsupportedStep(f"compile_step: no tpu lowering for {e}") from None
         name = f"compile_step:{type(self.model).__name__}#{id(self):x}.{self.traces}"
-        graph = CompiledGraph(gm, name, None, self.options)
+        # parameters, buffers and optimizer state come back every step (a scheduler's
+        # learning rates and the batch are new tensors each step)
+        stable = len(params) + len(buffers) + len(state_values)
+        graph = CompiledGraph(gm, name, None, self.options, stable_inputs=stable)
         in_optimizer = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
         zeroed = [id(p) in in_optimizer for p in params]
         return _Program(graph, found["has_grad"], zeroed, found["created"])
@@ -226,9 +229,15 @@ class _Members:
 def _fingerprint(modules: list) -> list:
     out: list = []
     for m in modules:
-        for entries in (m._parameters, m._buffers, m._modules):
-            out += entries  # the names
-            out += map(id, entries.values())
+        parameters, buffers, children = m._parameters, m._buffers, m._modules
+        out += parameters  # the names
+        out += map(id, parameters.values())
+        out.append(len(buffers))  # (most modules have none)
+        if buffers:
+            out += buffers
+            out += map(id, buffers.values())
+        out += children
+        out += map(id, children.values())
     return out
 
 
@@ -243,12 +252,14 @@ def _split(flat, sizes) -> tuple:
 def _state(optimizer, params: list) -> tuple[list, list]:
     """((param index, state name) per tensor in the optimizer's state, the tensors)."""
     keys, values = [], []
+    states = optimizer.state
+    tensor = torch.Tensor
     for k, p in enumerate(params):
-        state = optimizer.state.get(p)
+        state = states.get(p)
         if not state:
             continue
         for name, value in state.items():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, tensor):
                 if value.is_cpu:  # a CPU step counter (eager, a checkpoint)
                     value = state[name] = value.to(DEVICE_TYPE)
                 keys.append((k, name))
