@@ -47,6 +47,12 @@ def count(name: str, n: int = 1) -> None:
     _counts[name] += n
 
 
+def count_hit() -> None:
+    """An op dispatched and served from the cache (the eager fast path's one call)."""
+    _counts["ops_dispatched"] += 1
+    _counts["cache_hits"] += 1
+
+
 def record_compile(
     seconds: float, kind: str = "op", name: str = "", signature: list | None = None
 ) -> CompileEvent:

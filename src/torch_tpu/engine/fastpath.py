@@ -149,8 +149,7 @@ def _frozen(value: list):
     return tuple(out)
 
 
-def lookup(key: tuple):
-    return _FAST.get(key)
+lookup = _FAST.get  # (signature -> entry or None; no Python frame of its own)
 
 
 def remember(key: tuple, entry) -> None:

@@ -45,6 +45,9 @@ class OpSchema:
     args: tuple[Arg, ...]
     return_aliases: tuple[int | None, ...]  # per return: index of the arg it aliases
     tensor_returns: bool  # every return is a Tensor (or Tensor[])
+    # per number of positional args given: the defaults of the rest, or None where one
+    # of the rest has none (bind without keywords, the common call, in one step)
+    defaults_after: tuple = ()
 
     @property
     def name(self) -> str:
@@ -52,6 +55,10 @@ class OpSchema:
 
     def bind(self, args: tuple, kwargs: dict) -> list:
         """All argument values in schema order, defaults filled in."""
+        if not kwargs:
+            tail = self.defaults_after[len(args)]
+            if tail is not None:
+                return [*args, *tail]
         values = list(args)
         for arg in self.args[len(args) :]:
             if arg.name in kwargs:
@@ -82,4 +89,8 @@ def parse(op: torch._ops.OpOverload) -> OpSchema:
                     target = i
         aliases.append(target)
     tensor_returns = all(str(r.type) in ("Tensor", "List[Tensor]") for r in schema.returns)
-    return OpSchema(op, tuple(args), tuple(aliases), tensor_returns)
+    defaults_after = tuple(
+        tuple(a.default for a in args[k:]) if all(a.has_default for a in args[k:]) else None
+        for k in range(len(args) + 1)
+    )
+    return OpSchema(op, tuple(args), tuple(aliases), tensor_returns, defaults_after)
