@@ -341,6 +341,31 @@ def test_dynamic_true_specialises_per_shape():
     assert len(graph_compiles()) == 2
 
 
+def test_a_python_float_that_changes_with_the_shapes_is_read_at_run_time():
+    """A graph whose sizes vary (Dynamo made it dynamic) and that takes a Python float
+    which changed too: Dynamo passes the float as a 0-d tensor and reads it with
+    `.item()`; specialising the graph per shape traced that read without a shape
+    environment and raised DataDependentOutputException (a compiled detection model's
+    postprocessing). Forward and backward match CPU; a new float at a known shape
+    compiles nothing."""
+
+    def fn(x, s):
+        kept = (x >= s) & (x <= 2 * s)
+        return (x * s).sin() * kept
+
+    compiled = torch.compile(fn)
+    compiles = []
+    for rows, s in ((8, 0.5), (9, 0.75), (10, 0.875), (10, 0.625)):
+        x = torch.randn(rows, 3, generator=torch.Generator().manual_seed(rows))
+        xc, xt = x.clone().requires_grad_(), to_tpu(x).requires_grad_()
+        expected, out = fn(xc, s), compiled(xt, s)
+        torch.testing.assert_close(out.detach().cpu(), expected.detach())
+        expected.sum().backward(), out.sum().backward()
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+        compiles.append(len(graph_compiles()))
+    assert compiles[3] == compiles[2]  # a new float at a known shape: a run-time input
+
+
 def test_backend_is_registered_under_its_name():
     torch.compile(lambda x: x)  # the first torch.compile registers the backend
     assert "tpu" in torch._dynamo.list_backends()

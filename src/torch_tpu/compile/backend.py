@@ -200,6 +200,7 @@ class _Specialising:
     def __init__(self, gm, name: str, input_names: list[str], options) -> None:
         self.gm, self.name, self.input_names, self.options = gm, name, input_names, options
         self.compiled: dict = {}
+        self.reads_scalars = _reads_scalars(gm.graph)
 
     def __call__(self, *args):
         slots: dict = {}  # storage -> its first argument: which arguments share one
@@ -218,10 +219,36 @@ class _Specialising:
         fn = self.compiled.get(key)
         if fn is None:
             gm = torch.fx.GraphModule(self.gm, self.gm.graph)  # AOTAutograd may edit it
+            example = _static_fakes(args) if self.reads_scalars else list(args)
             fn = self.compiled[key] = _aot(self.name, self.input_names, self.options)(
-                gm, list(args)
+                gm, example
             )
         return fn(*args)
+
+
+def _reads_scalars(graph: torch.fx.Graph) -> bool:
+    """Whether the graph reads a tensor's value as a Python number (`.item()`): Dynamo
+    passes a Python float that changed between calls as a 0-d tensor and reads it so."""
+    return any(
+        (node.op == "call_method" and node.target in ("item", "tolist"))
+        or node.target is torch.ops.aten._local_scalar_dense.default
+        for node in graph.nodes
+    )
+
+
+def _static_fakes(args) -> list:
+    """Fake copies of the tensor arguments at their concrete sizes, in a fake mode with
+    a shape environment: there a value read as a number is a symbol, read at run time,
+    as when Dynamo traces (without one, AOTAutograd raises DataDependentOutputException
+    on the read)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    return [
+        mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a
+        for a in args
+    ]
 
 
 class _Bucketed(_Specialising):
