@@ -34,6 +34,7 @@ from ..engine import device_asserts, donation, executor, fastpath, modes
 from ..engine.fuse import Pending
 from ..tensor import Fresh, storage_of, view_of
 from . import interpret
+from .host_inputs import HostCopies, HostWrites
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every graph's executables, for cache.clear()
 
@@ -69,6 +70,7 @@ class CompiledGraph:
         self.name = name
         self.reason = f"compiled graph {name}"  # why a fused segment had to run first
         self.options = dict(options or {})
+        self.host_writes = HostWrites.split(gm)  # (before the graph's writes are read)
         nodes = interpret.input_nodes(gm.graph)
         self.n_placeholders = sum(1 for n in nodes if n.op == "placeholder")
         self.constants = [operator.attrgetter(n.target)(gm) for n in nodes[self.n_placeholders :]]
@@ -84,6 +86,7 @@ class CompiledGraph:
         ]
         self.random_nodes = tuple(n for n in gm.graph.nodes if interpret.is_random(n))
         self.written_inputs = tuple(dict.fromkeys(k for k, _ in interpret.input_writes(gm.graph)))
+        self.host_copies = HostCopies(set(self.written_inputs))
         self.checked = interpret.device_checked(gm.graph)  # (index values: device_asserts)
         self._plan(gm.graph, nodes)
         self.executables: dict = {}
@@ -156,6 +159,8 @@ class CompiledGraph:
         if self.checked:
             device_asserts.noted()
         if host:
+            if self.host_writes is not None:
+                self.host_writes.apply(host)
             bumped = []
             for k in self.written_inputs:
                 if k in host:
@@ -221,7 +226,7 @@ class CompiledGraph:
                     continue
                 if t.device.type != executor.DEVICE_TYPE:  # a CPU scalar (optimizer step)
                     host[k] = t
-                    t = tensors[k] = executor.upload(t)
+                    t = tensors[k] = self.host_copies.upload(k, t)
                 storage = storage_of(t)
             add_tensor(t, storage, key, storages, slots, offsets)
         return tuple(key), storages, host, [np.int64(offset) for offset in offsets]
