@@ -278,7 +278,7 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
 def _plain_call(spec: OpSpec, entry: _Executable):
     """For the commonest strict call (one fresh tensor out, nothing written, donated,
     drawn at random or checked on the device), `_execute` with every decision already
-    taken: (storages, run-time scalars) -> the result. None for any other entry."""
+    taken: (storages, run-time scalars) -> the result. False for any other entry."""
     if (
         entry.written_slots
         or spec.lowering.random
