@@ -812,3 +812,87 @@ def test_convolution_with_no_input_channels_as_cpu(dims, eager_mode):
 def test_convolution_channel_mismatch_says_what_cpu_says(call):
     """PyTorch's meta kernel said only "Invalid channel dimensions"."""
     assert_same_error(call)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_hardswish_grad_at_its_kinks_as_cpu(dtype, eager_mode):
+    """CPU's hardswish gradient is 0 at -3 and 1 at 3; tpu gave -0.5 and 1.5 there
+    (PyTorch's test_hardswish_grad_corner)."""
+    x = torch.tensor([-4.0, -3.0, 0.0, 3.0, 4.0], dtype=dtype)
+    assert_same_grad(F.hardswish, x, atol=0, rtol=0)
+
+
+HALF_BOUNDED = {
+    "threshold": lambda t: F.threshold(t, 0.1, 20.0),
+    "hardtanh": lambda t: F.hardtanh(t, 0.1, 0.3),
+    "softshrink": lambda t: F.softshrink(t, 0.1),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", sorted(HALF_BOUNDED))
+def test_half_activation_bounds_as_cpu(name, dtype, eager_mode):
+    """A bound such as 0.1 is not a half value: CPU compares (and subtracts) it in float32,
+    so a bfloat16 input of 0.10009765625 lies above it; tpu rounded the bound to the
+    input's type first (threshold gave 20 there, hardtanh a zero gradient, softshrink 0)."""
+    near = torch.tensor([0.1, -0.1, 0.3], dtype=dtype)
+    up = torch.nextafter(near, torch.tensor(1.0, dtype=dtype))
+    down = torch.nextafter(near, torch.tensor(-1.0, dtype=dtype))
+    x = torch.cat([near, up, down, torch.tensor([0.0, 0.5, -0.5], dtype=dtype)])
+    assert_same(HALF_BOUNDED[name], x, atol=0, rtol=0)
+    assert_same_grad(HALF_BOUNDED[name], x, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("lambd", [-1.0, float("nan"), 1e39])
+def test_softshrink_refuses_a_bad_lambda_on_every_call_as_cpu(lambd, eager_mode):
+    """softshrink's lambda is checked on each call with CPU's message, also after a call
+    of the same shape with a valid one (a check made once per shape would compute it)."""
+    F.softshrink(torch.randn(3, device="tpu"), 0.5).cpu()
+    assert_same_error(lambda d: torch._C._nn.softshrink(torch.randn(3, device=d), lambd))
+    assert_same_error(lambda d: F.softshrink(torch.arange(3, device=d), 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32, torch.int64])
+def test_integer_threshold_converts_its_numbers_as_cpu(dtype, eager_mode):
+    """CPU converts threshold and value to the input's integer type: a fractional bound is
+    truncated (-0.5 becomes 0, so zeros are replaced; tpu compared with -0.5) and a number
+    the type cannot hold raises (tpu wrapped a value of 300 into uint8 as 44)."""
+    x = torch.tensor([0, 1, 2, 3, 100], dtype=dtype)
+    assert_same(lambda t: F.threshold(t, 1.5, 7.9), x)
+    if dtype != torch.uint8:
+        assert_same(lambda t: F.threshold(t, -0.5, 9), x)
+    for bound, value in [(1, 300), (300, 1), (float("nan"), 1)]:
+        if dtype in (torch.uint8, torch.int8) or bound != 300 and value != 300:
+            assert_same_error(lambda d, b=bound, v=value: F.threshold(x.to(d), b, v))
+
+
+def test_integer_threshold_refuses_a_complex_number_as_cpu(eager_mode):
+    """CPU cannot convert 1j to an integer input's type and raises; tpu compared with its
+    real part. A complex number without an imaginary part is accepted on both."""
+    x = torch.tensor([0, 1, 2])
+    assert_same_error(lambda d: F.threshold(x.to(d), 1j, 0))
+    assert_same_error(lambda d: F.threshold(x.to(d), 1, 2j))
+    assert_same(lambda t: F.threshold(t, 1 + 0j, 0), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.bool])
+@pytest.mark.parametrize("name", ["leaky_relu", "leaky_relu_", "elu", "elu_"])
+def test_float_activations_refuse_other_inputs_as_cpu(name, dtype, eager_mode):
+    """CPU's NotImplementedError naming its kernel; tpu raised the ValueError of PyTorch's
+    meta kernel about the float argument."""
+    fn = getattr(F, name)
+    assert_same_error(lambda d: fn(torch.tensor([-2, 0, 3], device=d).to(dtype)))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32, torch.int64])
+def test_integer_hardtanh_bounds_as_cpu(dtype, eager_mode):
+    """CPU truncates an integer input's bounds and refuses those its type cannot hold
+    (tpu clamped an int8 to -300..300) and negative ones for uint8."""
+    x = torch.tensor([0, 1, 2, 3, 100], dtype=dtype)
+    assert_same(lambda t: F.hardtanh(t, 0.5, 2.5), x)
+    assert_same(lambda t: F.hardtanh(t, -0.9, 70), x)
+    refused = [(float("nan"), 1)]
+    refused += [(-300, 300)] if dtype in (torch.uint8, torch.int8) else []
+    refused += [(-1, 1)] if dtype == torch.uint8 else []
+    for low, high in refused:
+        assert_same_error(lambda d, lo=low, hi=high: F.hardtanh(x.to(d), lo, hi))

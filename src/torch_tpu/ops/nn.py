@@ -53,19 +53,64 @@ def relu(self):
     return jnp.maximum(self, jnp.zeros((), self.dtype))
 
 
-@lower("threshold.default")
+# the C++ type CPU converts an integer tensor's Scalars to, as its errors name it
+_C_INTEGERS = {
+    torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t",
+    torch.int32: "int", torch.int64: "int64_t",
+}
+
+
+def _check_integer_threshold(values: list) -> bool:
+    """CPU converts threshold and value to an integer input's type and refuses what does
+    not fit (tpu wrapped a value of 300 into uint8 as 44, compared with 1j's real part).
+    Depends on the numbers, so it runs on every call of an integer input; float inputs
+    are not judged (beyond their range CPU raises and tpu gives inf, as for fill values)."""
+    dtype = values[0].dtype
+    if dtype not in _C_INTEGERS:
+        return False
+    info = torch.iinfo(dtype)
+    for number in values[1:3]:
+        number = complex(number)
+        if number.imag or not info.min <= number.real <= info.max:  # (NaN fails)
+            raise RuntimeError(
+                f"value cannot be converted to type {_C_INTEGERS[dtype]} without overflow"
+            )
+    return True
+
+
+@lower("threshold.default", check=_check_integer_threshold)
 def threshold(self, threshold, value):
     """A lowering of its own (the decomposition copied into `self`, which an expanded
-    threshold_ target refuses; CPU's threshold_ accepts one: it is idempotent)."""
-    return jnp.where(self <= threshold, jnp.asarray(value).astype(self.dtype), self)
+    threshold_ target refuses; CPU's threshold_ accepts one: it is idempotent).
+    Half inputs are compared in float32, as CPU does: in bfloat16 a threshold of 0.1
+    rounds up to 0.10009765625 and would swallow inputs equal to that. An integer input
+    is compared with the threshold truncated to its type, as CPU's C++ conversion does
+    (-0.5 becomes 0, so a 0 is replaced)."""
+    if jnp.issubdtype(self.dtype, jnp.integer):
+        threshold = jnp.asarray(threshold).astype(self.dtype)
+    return jnp.where(_up(self) <= threshold, jnp.asarray(value).astype(self.dtype), self)
 
 
 @lower("threshold_backward.default")
 def threshold_backward(grad_output, self, threshold):
-    return jnp.where(self <= threshold, jnp.zeros((), grad_output.dtype), grad_output)
+    zero = jnp.zeros((), grad_output.dtype)
+    return jnp.where(_up(self) <= threshold, zero, grad_output)
 
 
-@lower("leaky_relu.default")
+def _floating_only(kernel: str):
+    """CPU's refusal of a non-floating input, which PyTorch's meta kernel words as a
+    ValueError about the float argument instead."""
+
+    def check(values: list) -> bool:
+        if not values[0].is_floating_point():
+            name = scalar_type_name(values[0].dtype)
+            raise NotImplementedError(f"\"{kernel}\" not implemented for '{name}'")
+        return False
+
+    return check
+
+
+@lower("leaky_relu.default", check=_floating_only("leaky_relu_cpu"))
 def leaky_relu(self, negative_slope=0.01):
     x = _up(self)
     return jnp.where(x > 0, x, x * negative_slope)
@@ -100,7 +145,7 @@ def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
     return jnp.where(self > 0, g, g * negative_slope)
 
 
-@lower("elu.default")
+@lower("elu.default", check=_floating_only("elu_cpu"))
 def elu(self, alpha=1, scale=1, input_scale=1):
     x = _up(self)
     return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
@@ -147,15 +192,71 @@ def mish(self):
     return x * jnp.tanh(jax.nn.softplus(x))
 
 
-@lower("hardtanh.default")
+def _check_integer_hardtanh(values: list) -> bool:
+    """CPU truncates an integer input's bounds to int64, refuses negative ones for uint8
+    and bounds its type cannot hold (tpu clamped an int8 to -300..300). Depends on the
+    numbers, so it runs on every call of an integer input."""
+    dtype = values[0].dtype
+    if dtype not in _C_INTEGERS:
+        return False
+    bounds = []
+    for number in values[1:3]:
+        if not math.isfinite(number):
+            raise RuntimeError("value cannot be converted to type int64_t without overflow")
+        bounds.append(int(number))
+    if dtype == torch.uint8 and min(bounds) < 0:
+        raise RuntimeError("cannot do hardtanh on an unsigned type with negative limits")
+    info = torch.iinfo(dtype)
+    if not all(info.min <= bound <= info.max for bound in bounds):
+        raise RuntimeError(
+            f"value cannot be converted to type {_C_INTEGERS[dtype]} without overflow"
+        )
+    return True
+
+
+@lower("hardtanh.default", check=_check_integer_hardtanh)
 def hardtanh(self, min_val=-1, max_val=1):
     return jnp.clip(self, min_val, max_val)
 
 
 @lower("hardtanh_backward.default")
 def hardtanh_backward(grad_output, self, min_val, max_val):
-    inside = (self > min_val) & (self < max_val)
+    """Bounds compared in float32 for half inputs, as CPU (see threshold)."""
+    x = _up(self)
+    inside = (x > min_val) & (x < max_val)
     return jnp.where(inside, grad_output, jnp.zeros((), grad_output.dtype))
+
+
+def _check_softshrink(values: list) -> bool:
+    """CPU's checks, with its wording: a floating dtype, and a lambda in [0, the dtype's
+    max] (NaN too is refused). PyTorch's meta kernel words the range otherwise."""
+    self, lambd = values[0], float(values[1])
+    if not self.is_floating_point():
+        name = scalar_type_name(self.dtype)
+        raise NotImplementedError(f'"softshrink_check" not implemented for \'{name}\'')
+    top = torch.finfo(self.dtype).max
+    if not 0 <= lambd <= top:
+        raise RuntimeError(
+            f"lambda must be in range [0, {top:g}] for input dtype "
+            f"{scalar_type_name(self.dtype)}, but found {lambd:g}"
+        )
+    return False
+
+
+@lower("softshrink.default", static_scalars=True, check=_check_softshrink)
+def softshrink(self, lambd=0.5):
+    """In float32 for half inputs, as CPU: PyTorch's decomposition subtracts a lambda
+    rounded to the half type (bfloat16 0.1 becomes 0.10009765625)."""
+    x = _up(self)
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, x * 0))
+
+
+@lower("softshrink_backward.default")
+def softshrink_backward(grad_output, self, lambd):
+    """Unlike the forward, CPU compares here in the input's own type: a bfloat16 input
+    equal to the rounded lambda gets no gradient."""
+    inside = (self >= -lambd) & (self <= lambd)
+    return jnp.where(inside, jnp.zeros((), grad_output.dtype), grad_output)
 
 
 @lower("hardsigmoid.default")
@@ -177,8 +278,9 @@ def hardswish(self):
 
 @lower("hardswish_backward.default")
 def hardswish_backward(grad_output, self):
+    """CPU's one-sided choice at the kinks: 0 at -3, the full gradient at 3."""
     g, x = _up(grad_output), _up(self)
-    return jnp.where(x < -3, 0, jnp.where(x <= 3, g * (x / 3 + 0.5), g))
+    return jnp.where(x <= -3, 0, jnp.where(x < 3, g * (x / 3 + 0.5), g))
 
 
 @lower("softplus.default")
