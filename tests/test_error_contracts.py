@@ -249,6 +249,35 @@ def test_an_out_view_resized_in_its_storage_writes_through_to_its_base(write, ea
     assert actual[2] == expected[2]
 
 
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda d, out: torch.exp(torch.ones(3, device=d), out=out),
+        lambda d, out: torch.cumsum(torch.ones(2, 3, device=d), 1, out=out),
+        lambda d, out: torch.cat([torch.ones(3, device=d), torch.ones(1, device=d)], out=out),
+        lambda d, out: torch.mean(torch.ones(3, 2, device=d), 0, out=out),
+        lambda d, out: torch.clamp(torch.ones(3, device=d), 0, 1, out=out),
+    ],
+    ids=["exp", "cumsum", "cat", "mean", "clamp"],
+)
+@pytest.mark.parametrize("size", [5, 0], ids=["with-elements", "empty"])
+def test_out_resized_warns_at_every_call_as_cpu(write, size, eager_mode):
+    """CPU warns each time it resizes an out= that had elements (a deprecation); tpu
+    warned only at the first call of a signature (its meta kernel's run), in the words
+    of PyTorch's Python wrapper ("shape torch.Size([5])"), and not again."""
+
+    def messages(d):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                write(d, torch.empty(size, device=d))
+        return [str(w.message).split(" (Triggered internally")[0] for w in seen]
+
+    expected = messages("cpu")
+    assert len(expected) == (3 if size else 0)
+    assert messages("tpu") == expected
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fftfreq_has_cpus_negative_half(n, dtype, eager_mode):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import warnings
 from dataclasses import dataclass, field, replace
 
 import jax
@@ -262,6 +263,7 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
             check(values)  # (debug mode also checks values that cost a sync: index bounds)
     if entry.resize:  # out= arguments of the wrong size: resize them, then run
         for index, shape in entry.resize.items():
+            _warn_resized(values[index], shape)
             # resize_, as CPU's resize_output: in place where the storage holds the new
             # size, so an out= view stays a view (ATen's fftfreq writes its negative half
             # through an empty slice of its output grown this way)
@@ -474,13 +476,32 @@ def _meta_run(spec: OpSpec, values: list):
     # (before the op: some meta kernels word the cast error otherwise)
     out_dtypes = _out_result_dtypes(spec, meta_values)
     try:
-        with _no_cuda_alerts():
+        with _no_cuda_alerts(), warnings.catch_warnings():
+            # (`_warn_resized` warns at every call that resizes, as CPU, in CPU's words)
+            warnings.filterwarnings("ignore", _RESIZED)
             result = arguments.call_op(spec.schema.op, meta_values)
     except AssertionError as e:
         # some of PyTorch's decompositions (nll_loss's) check arguments with AssertionError
         # where CPU's kernels raise RuntimeError with the same words
         raise RuntimeError(str(e)) from None
     return meta_values, result, out_dtypes
+
+
+_RESIZED = "An output with one or more elements was resized"
+
+
+def _warn_resized(out: torch.Tensor, shape) -> None:
+    """CPU's deprecation warning for an out= argument with elements resized (`resize_output`)."""
+    if out.numel():
+        warnings.warn(
+            f"{_RESIZED} since it had shape {list(out.shape)}, which does not match the "
+            f"required output shape {list(shape)}. This behavior is deprecated, and in a "
+            "future PyTorch release outputs will not be resized unless they have zero "
+            "elements. You can explicitly reuse an out tensor t by resizing it, inplace, "
+            "to zero elements with t.resize_(0).",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 @contextlib.contextmanager
@@ -871,6 +892,7 @@ def _write_out(spec: OpSpec, out: torch.Tensor, result: torch.Tensor) -> None:
             f"{scalar_type_name(result.dtype)} but got scalar type {scalar_type_name(out.dtype)}"
         )
     if tuple(out.shape) != tuple(result.shape):
+        _warn_resized(out, result.shape)
         out.resize_(tuple(result.shape))  # (as `_run`'s out= resizing)
     out.copy_(result)
 
