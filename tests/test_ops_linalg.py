@@ -350,3 +350,12 @@ def test_cdist_p0_gradient_has_the_broadcast_batch_shape(eager_mode):
         grads.append((a.grad.cpu(), b.grad.cpu()))
     for expected, actual in zip(*grads):
         assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize(("shape1", "shape2"), [((4, 5), (0, 3, 5)), ((0, 4, 5), (1, 3, 5))])
+def test_cdist_gradient_of_an_empty_batch_has_the_input_shape(shape1, shape2, eager_mode):
+    """With no distances (a batch dim broadcast to 0) PyTorch's gradient is zeros of each
+    input's own shape; the lowering returned the broadcast shape and failed the result-shape
+    check (PyTorch's cdist OpInfo samples)."""
+    x1, x2 = torch.randn(shape1), torch.randn(shape2)
+    assert_same_grad(torch.cdist, x1, x2)

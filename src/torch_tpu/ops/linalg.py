@@ -406,9 +406,17 @@ def cdist_forward(x1, x2, p, compute_mode=None):
     return jnp.sum(diff**p, axis=-1) ** (1 / p)
 
 
+def _no_distances(x1, x2):
+    """True when there are no distances: an empty row, feature or broadcast batch dim."""
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    return 0 in (*batch, x1.shape[-2], x2.shape[-2], x1.shape[-1])
+
+
 @lower("_cdist_backward.default")
 def cdist_backward(grad, x1, x2, p, cdist):
     """d cdist / d x1: sign(diff) |diff|^(p-1) / dist^(p-1), zero where dist is zero."""
+    if _no_distances(x1, x2):  # PyTorch's zeros at x1's own shape, batch not broadcast
+        return jnp.zeros_like(x1)
     diff = x1[..., :, None, :] - x2[..., None, :, :]
     dist = cdist[..., None]
     g = grad[..., None]
