@@ -263,7 +263,7 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
             check(values)  # (debug mode also checks values that cost a sync: index bounds)
     if entry.resize:  # out= arguments of the wrong size: resize them, then run
         for index, shape in entry.resize.items():
-            _warn_resized(values[index], shape)
+            _warn_resized(spec, values[index], shape)
             # resize_, as CPU's resize_output: in place where the storage holds the new
             # size, so an out= view stays a view (ATen's fftfreq writes its negative half
             # through an empty slice of its output grown this way)
@@ -490,18 +490,29 @@ def _meta_run(spec: OpSpec, values: list):
 _RESIZED = "An output with one or more elements was resized"
 
 
-def _warn_resized(out: torch.Tensor, shape) -> None:
-    """CPU's deprecation warning for an out= argument with elements resized (`resize_output`)."""
-    if out.numel():
-        warnings.warn(
+def _warn_resized(spec: OpSpec, out: torch.Tensor, shape) -> None:
+    """CPU's warning for an out= argument with elements resized: `resize_output`'s
+    deprecation, arange's own words, none for linspace and logspace."""
+    numel = out.numel()
+    if not numel or spec.lowering.name in ("linspace.out", "logspace.out"):
+        return
+    if spec.lowering.name == "arange.start_out":
+        size = math.prod(shape)
+        message = (
+            f"The number of elements in the out tensor of shape {list(out.shape)} is "
+            f"{numel} which does not match the computed number of elements {size}. Note "
+            "that this may occur as a result of rounding error. The out tensor will be "
+            f"resized to a tensor of shape ({size},)."
+        )
+    else:
+        message = (
             f"{_RESIZED} since it had shape {list(out.shape)}, which does not match the "
             f"required output shape {list(shape)}. This behavior is deprecated, and in a "
             "future PyTorch release outputs will not be resized unless they have zero "
             "elements. You can explicitly reuse an out tensor t by resizing it, inplace, "
-            "to zero elements with t.resize_(0).",
-            UserWarning,
-            stacklevel=2,
+            "to zero elements with t.resize_(0)."
         )
+    warnings.warn(message, UserWarning, stacklevel=2)
 
 
 @contextlib.contextmanager
@@ -892,7 +903,7 @@ def _write_out(spec: OpSpec, out: torch.Tensor, result: torch.Tensor) -> None:
             f"{scalar_type_name(result.dtype)} but got scalar type {scalar_type_name(out.dtype)}"
         )
     if tuple(out.shape) != tuple(result.shape):
-        _warn_resized(out, result.shape)
+        _warn_resized(spec, out, result.shape)
         out.resize_(tuple(result.shape))  # (as `_run`'s out= resizing)
     out.copy_(result)
 
