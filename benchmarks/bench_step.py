@@ -3,7 +3,8 @@
 Workloads: torch_tpu.training.gpt_parts (TinyGPT, AdamW(foreach=False),
 cross-entropy on a fixed batch), sizes gpt_small and gpt.
 
-Rows per workload (best step time after warm-up; each step waits for its loss):
+Rows per workload (best step time after warm-up; each step waits for its loss, and
+the torch.compile row on tpu for all its work: its loss is the forward graph's):
 - tpu compile_step: forward, backward and AdamW as one executable, state donated;
 - tpu torch.compile(step): the same step function under torch.compile (Dynamo
   breaks it at backward; with --compiled-autograd, compiled autograd is on);
@@ -57,9 +58,13 @@ def interleaved_best(steps: dict, rounds: int, per_round: int = 3) -> dict:
 def torch_step(size: str, device: str, how: str, losses: list):
     """One way of running the step; each call appends its loss (waited for) to losses."""
     model, opt, inputs, targets, loss_fn = gpt_parts(size, device)
-    if how == "compile_step":
+    if how == "compile_step":  # (one executable: its loss is ready when all of it is)
         compiled = torch_tpu.compile_step(model, opt, loss_fn)
         return lambda: losses.append(compiled(inputs, targets).item())
+    # the loss read, then (tpu) all the step's work done: torch.compile's loss comes from
+    # its forward graph, and without the wait its backward and optimizer graphs ran on
+    # into the next timed step (a best step of 22 ms where 10 steps took 60 ms each)
+    done = torch.tpu.synchronize if device == "tpu" else (lambda: None)
 
     def step():
         opt.zero_grad()
@@ -70,7 +75,7 @@ def torch_step(size: str, device: str, how: str, losses: list):
 
     if how == "compile":
         step = torch.compile(step, backend="tpu" if device == "tpu" else "inductor")
-    return lambda: losses.append(step().item())
+    return lambda: (losses.append(step().item()), done())
 
 
 def cpu_eager_loss(size: str, n: int) -> float:
