@@ -281,17 +281,16 @@ def _plain_call(spec: OpSpec, entry: _Executable):
     """For the commonest strict call (one fresh tensor out, nothing written, donated,
     drawn at random or checked on the device), `_execute` with every decision already
     taken: (storages, run-time scalars) -> the result. False for any other entry."""
+    maker = _maker(entry.fresh[0]) if len(entry.fresh) == 1 else None
     if (
-        entry.written_slots
+        type(maker) is not Fresh  # (an absent output or a list of them)
+        or entry.written_slots
         or spec.lowering.random
         or spec.lowering.device_check is not None
         or spec.schema.return_aliases != (None,)
-        or len(entry.fresh) != 1
-        or entry.fresh[0] is ABSENT
-        or isinstance(entry.fresh[0], list)
     ):
         return False
-    fn, make = entry.fn, Fresh(*entry.fresh[0]).make
+    fn, make = entry.fn, maker.make
     device_scalars = fastpath.device_scalars
 
     def plain(storages: list, dynamic: list) -> torch.Tensor:
@@ -492,18 +491,12 @@ _RESIZED = "An output with one or more elements was resized"
 
 def _warn_resized(spec: OpSpec, out: torch.Tensor, shape) -> None:
     """CPU's warning for an out= argument with elements resized: `resize_output`'s
-    deprecation, arange's own words, none for linspace and logspace."""
-    numel = out.numel()
-    if not numel or spec.lowering.name in ("linspace.out", "logspace.out"):
+    deprecation, or the op's own words (`_OWN_RESIZE`)."""
+    if not out.numel():
         return
-    if spec.lowering.name == "arange.start_out":
-        size = math.prod(shape)
-        message = (
-            f"The number of elements in the out tensor of shape {list(out.shape)} is "
-            f"{numel} which does not match the computed number of elements {size}. Note "
-            "that this may occur as a result of rounding error. The out tensor will be "
-            f"resized to a tensor of shape ({size},)."
-        )
+    if spec.lowering.name in _OWN_RESIZE:
+        words = _OWN_RESIZE[spec.lowering.name]
+        message = words and words(out, math.prod(shape))
     else:
         message = (
             f"{_RESIZED} since it had shape {list(out.shape)}, which does not match the "
@@ -512,7 +505,17 @@ def _warn_resized(spec: OpSpec, out: torch.Tensor, shape) -> None:
             "elements. You can explicitly reuse an out tensor t by resizing it, inplace, "
             "to zero elements with t.resize_(0)."
         )
-    warnings.warn(message, UserWarning, stacklevel=2)
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=2)
+
+
+def _arange_resized(out: torch.Tensor, size: int) -> str:
+    return (
+        f"The number of elements in the out tensor of shape {list(out.shape)} is "
+        f"{out.numel()} which does not match the computed number of elements {size}. Note "
+        "that this may occur as a result of rounding error. The out tensor will be "
+        f"resized to a tensor of shape ({size},)."
+    )
 
 
 @contextlib.contextmanager
@@ -640,14 +643,15 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
     )
 
 
-# CPU resizes these ops' out= only when its element count differs, where PyTorch's
-# meta kernels make it 1-D: `arange(4, out=x)` keeps a (2, 2) x's shape (a (2, 2) view
-# given as out was replaced by a new 1-D storage, and x never written)
-_OUT_KEEPS_SHAPE = frozenset({"arange.start_out", "linspace.out", "logspace.out"})
+# CPU resizes these ops' out= by their own rules, not resize_output's: only when its
+# element count differs, where PyTorch's meta kernels make it 1-D (`arange(4, out=x)`
+# keeps a (2, 2) x's shape: a (2, 2) view given as out was replaced by a new 1-D
+# storage, and x never written), warning in arange's own words, or not at all
+_OWN_RESIZE = {"arange.start_out": _arange_resized, "linspace.out": None, "logspace.out": None}
 
 
 def _keeps_shape(spec: OpSpec, want: tuple, out: torch.Tensor) -> bool:
-    return spec.lowering.name in _OUT_KEEPS_SHAPE and math.prod(want) == out.numel()
+    return spec.lowering.name in _OWN_RESIZE and math.prod(want) == out.numel()
 
 
 def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:

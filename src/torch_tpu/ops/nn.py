@@ -22,7 +22,7 @@ from torch._prims_common import suggest_memory_format
 
 from .. import dtypes, precision
 from .indexing import outside
-from .pointwise import scalar_type_name
+from .pointwise import check_fill_value, scalar_type_name
 from .registry import in_memory_format, lower
 
 _HALF = dtypes.HALF_FLOATS
@@ -53,28 +53,20 @@ def relu(self):
     return jnp.maximum(self, jnp.zeros((), self.dtype))
 
 
-# the C++ type CPU converts an integer tensor's Scalars to, as its errors name it
-_C_INTEGERS = {
-    torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t",
-    torch.int32: "int", torch.int64: "int64_t",
-}
+def _integer(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 def _check_integer_threshold(values: list) -> bool:
     """CPU converts threshold and value to an integer input's type and refuses what does
-    not fit (tpu wrapped a value of 300 into uint8 as 44, compared with 1j's real part).
-    Depends on the numbers, so it runs on every call of an integer input; float inputs
-    are not judged (beyond their range CPU raises and tpu gives inf, as for fill values)."""
-    dtype = values[0].dtype
-    if dtype not in _C_INTEGERS:
+    not fit (tpu wrapped a value of 300 into uint8 as 44, compared with 1j's real part):
+    CPU's own conversion judges (`check_fill_value`). Depends on the numbers, so it runs
+    on every call of an integer input; float inputs are not judged (beyond their range
+    CPU raises and tpu gives inf, as for fill values)."""
+    if not _integer(values[0].dtype):
         return False
-    info = torch.iinfo(dtype)
     for number in values[1:3]:
-        number = complex(number)
-        if number.imag or not info.min <= number.real <= info.max:  # (NaN fails)
-            raise RuntimeError(
-                f"value cannot be converted to type {_C_INTEGERS[dtype]} without overflow"
-            )
+        check_fill_value(number, values[0].dtype)
     return True
 
 
@@ -193,24 +185,20 @@ def mish(self):
 
 
 def _check_integer_hardtanh(values: list) -> bool:
-    """CPU truncates an integer input's bounds to int64, refuses negative ones for uint8
-    and bounds its type cannot hold (tpu clamped an int8 to -300..300). Depends on the
-    numbers, so it runs on every call of an integer input."""
+    """CPU reads an integer input's bounds as int64, refuses negative ones for uint8,
+    then converts them to the input's type (tpu clamped an int8 to -300..300): CPU's own
+    conversions judge (`check_fill_value`). Depends on the numbers, so it runs on every
+    call of an integer input."""
     dtype = values[0].dtype
-    if dtype not in _C_INTEGERS:
+    if not _integer(dtype):
         return False
-    bounds = []
     for number in values[1:3]:
-        if not math.isfinite(number):
-            raise RuntimeError("value cannot be converted to type int64_t without overflow")
-        bounds.append(int(number))
+        check_fill_value(number, torch.int64)
+    bounds = [int(number) for number in values[1:3]]  # (truncated: -0.9 is 0)
     if dtype == torch.uint8 and min(bounds) < 0:
         raise RuntimeError("cannot do hardtanh on an unsigned type with negative limits")
-    info = torch.iinfo(dtype)
-    if not all(info.min <= bound <= info.max for bound in bounds):
-        raise RuntimeError(
-            f"value cannot be converted to type {_C_INTEGERS[dtype]} without overflow"
-        )
+    for bound in bounds:
+        check_fill_value(bound, dtype)
     return True
 
 
@@ -231,9 +219,7 @@ def _check_softshrink(values: list) -> bool:
     """CPU's checks, with its wording: a floating dtype, and a lambda in [0, the dtype's
     max] (NaN too is refused). PyTorch's meta kernel words the range otherwise."""
     self, lambd = values[0], float(values[1])
-    if not self.is_floating_point():
-        name = scalar_type_name(self.dtype)
-        raise NotImplementedError(f'"softshrink_check" not implemented for \'{name}\'')
+    _floating_only("softshrink_check")(values)
     top = torch.finfo(self.dtype).max
     if not 0 <= lambd <= top:
         raise RuntimeError(
