@@ -727,6 +727,15 @@ def test_writes_cpu_allows_into_shared_elements_still_work(eager_mode, case):
     lambda d: torch.empty(3, dtype=torch.half, device=d).uniform_(-65504, 65504),
     lambda d: torch.randperm(257, out=torch.empty(0, dtype=torch.uint8, device=d), device=d),
     lambda d: torch.randperm(2050, out=torch.empty(0, dtype=torch.half, device=d), device=d),
+    lambda d: torch.randperm(129, dtype=torch.int8, device=d),
+    lambda d: torch.randperm(40000, dtype=torch.int16, device=d),
+    lambda d: torch.ones(2, dtype=torch.int32, device=d).addcmul_(
+        torch.ones(2, dtype=torch.int32, device=d), torch.ones(2, dtype=torch.int32, device=d),
+        value=1 + 2j),
+    lambda d: torch.addcmul(torch.ones(2, dtype=torch.half, device=d), torch.ones(2, device=d),
+                            torch.ones(2, device=d), value=2j),
+    lambda d: torch.addcdiv(torch.ones(2, dtype=torch.float64, device=d),
+                            torch.ones(2, device=d), torch.ones(2, device=d), value=1 - 1j),
     lambda d: torch.polar(torch.ones(2, device=d), torch.ones(2, dtype=torch.float64, device=d)),
     lambda d: torch.complex(torch.ones(2, dtype=torch.long, device=d),
                             torch.ones(2, dtype=torch.long, device=d)),
@@ -736,7 +745,8 @@ def test_writes_cpu_allows_into_shared_elements_still_work(eager_mode, case):
 ])  # fmt: skip
 def test_random_and_complex_arguments_cpu_refuses_raise(eager_mode, case):
     """tpu gave uniform_(42, -42) as all 42, a range wider than the dtype as inf,
-    randperm(257) into uint8 with repeats, a complex128 from float32 and float64 parts."""
+    randperm(257) into uint8 with repeats, a complex128 from float32 and float64 parts,
+    addcmul's complex value into a real result without its imaginary part."""
     assert_same_error(case)
 
 

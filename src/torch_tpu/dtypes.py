@@ -30,6 +30,13 @@ JAX_TO_TORCH: dict[jnp.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.item
 # the half-precision floats, which kernels widen to float32 for computing (as CPU's)
 HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
+
+def widen_half(x):
+    """A half-precision array widened to float32 for computing (CPU's opmath type);
+    any other array, or None, as it is."""
+    return x.astype(jnp.float32) if x is not None and x.dtype in HALF_FLOATS else x
+
+
 # numpy has no bfloat16/float8: torch.from_numpy cannot take those, so host
 # copies travel as same-width integers and are reinterpreted on each side.
 _HOST_CARRIER: dict[torch.dtype, torch.dtype] = {

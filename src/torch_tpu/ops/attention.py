@@ -26,11 +26,7 @@ from .. import dtypes
 from .linalg import matmul
 from .registry import lower
 
-_HALF = dtypes.HALF_FLOATS
-
-
-def _up(x):
-    return x.astype(jnp.float32) if x is not None and x.dtype in _HALF else x
+_up = dtypes.widen_half
 
 
 def _linear(x, weight, bias):

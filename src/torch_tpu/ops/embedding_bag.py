@@ -20,11 +20,9 @@ from .indexing import outside
 from .registry import lower
 
 _SUM, _MEAN, _MAX = 0, 1, 2
-_HALF = dtypes.HALF_FLOATS
 
 
-def _up(x):
-    return x.astype(jnp.float32) if x is not None and x.dtype in _HALF else x
+_up = dtypes.widen_half
 
 
 def _bags(indices, offsets, num_bags, padding_idx):

@@ -28,9 +28,7 @@ from .registry import in_memory_format, lower
 _HALF = dtypes.HALF_FLOATS
 
 
-def _up(x):
-    """Half-precision arrays widened to float32 for computing."""
-    return x.astype(jnp.float32) if x is not None and x.dtype in _HALF else x
+_up = dtypes.widen_half
 
 
 def _vjp(fn, x, grad):

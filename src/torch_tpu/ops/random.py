@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import dtypes
-from .pointwise import scalar_type_name
+from .pointwise import check_fill_value, scalar_type_name
 from .registry import lower
 
 
@@ -268,8 +268,6 @@ def random_to(key, self, high, generator=None):
     return _integers(key, self.shape, self.dtype, 0, high - 1)
 
 
-_INT_NAMES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t",
-              torch.int32: "int"}  # fmt: skip
 _EXACT_FLOAT_LIMITS = {torch.float16: ("2049", 2049), torch.float32: ("2^24+1", 2**24 + 1),
                        torch.float64: ("2^53+1", 2**53 + 1)}  # fmt: skip
 
@@ -283,10 +281,8 @@ def _check_randperm(values: list) -> bool:
         if n > limit:
             name = scalar_type_name(dtype)
             raise RuntimeError(f"n cannot be greater than {text} for {name} type.")
-    elif dtype in _INT_NAMES and n - 1 > torch.iinfo(dtype).max:
-        raise RuntimeError(
-            f"value cannot be converted to type {_INT_NAMES[dtype]} without overflow"
-        )
+    elif n > 0:
+        check_fill_value(n - 1, dtype)  # (CPU's own conversion judges: its error, its words)
     return False  # n and the dtype are part of the key
 
 

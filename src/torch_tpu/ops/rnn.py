@@ -20,11 +20,7 @@ import jax.numpy as jnp
 from .. import dtypes
 from .registry import lower
 
-_HALF = dtypes.HALF_FLOATS
-
-
-def _up(x):
-    return x.astype(jnp.float32) if x is not None and x.dtype in _HALF else x
+_up = dtypes.widen_half
 
 
 def _biased(gates, bias):
