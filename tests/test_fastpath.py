@@ -86,6 +86,32 @@ def test_runtime_scalars_repeated_and_changing():
         torch.testing.assert_close((1 / (one.to("tpu") * value)).cpu(), 1 / (one * value))
 
 
+def test_a_scalar_passed_as_its_default_is_a_constant_of_the_program():
+    """`a + b` passes alpha=1, the schema's default: its program takes no scalar (one
+    argument fewer to convert per call). Another value, or the same value as another
+    type (1.0, True), is still a run-time scalar, and every mix gives CPU's result."""
+    a, b = torch.randn(16), torch.randn(16)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    spec = None
+    for alpha in (1, 1.0, 2, 1, True, 2, 1.0, 1):
+        expected = a + b if alpha is True else torch.add(a, b, alpha=alpha)
+        actual = ta + tb if alpha is True else torch.add(ta, tb, alpha=alpha)
+        torch.testing.assert_close(actual.cpu(), expected)
+        spec = spec or _spec_of("add.Tensor")
+        dynamic = fastpath.signature(spec, [ta, tb, alpha])[2]
+        assert dynamic == ([] if type(alpha) is int and alpha == 1 else [alpha])
+    ints = torch.arange(6, dtype=torch.uint8)
+    for alpha in (1, 3, 1):
+        assert torch.equal(torch.add(ints.to("tpu"), ints.to("tpu"), alpha=alpha).cpu(),
+                           torch.add(ints, ints, alpha=alpha))  # fmt: skip
+    x = torch.randn(32)
+    for slope in (0.01, 0.02, 0.01, -0.0, 0.01):
+        torch.testing.assert_close(
+            torch.nn.functional.leaky_relu(x.to("tpu"), slope).cpu(),
+            torch.nn.functional.leaky_relu(x, slope),
+        )
+
+
 def test_numbers_in_tensor_arguments_are_runtime_scalars():
     """`x.mul_(0.9)` reaches mul_.Tensor with the float where a tensor goes (an
     optimizer's moments every step): a repeat call with another number, or another

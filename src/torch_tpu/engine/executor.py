@@ -61,6 +61,22 @@ class OpSpec:
     # tensor args a lowering takes as a run-time float (a fused optimizer's tensor lr):
     # a one-element CPU tensor there is read as CUDA's fused kernels read it, a number
     host_numbers: frozenset = frozenset()
+    # per schema arg: the default of a run-time scalar (alpha=1, negative_slope=0.01),
+    # else NO_DEFAULT. A call passing exactly it (same type, same value) bakes it into
+    # the program: the commonest call, `a + b`, then takes no scalar input at all.
+    scalar_defaults: tuple = ()
+
+
+NO_DEFAULT = object()
+
+
+def _scalar_default(arg, kind: Kind) -> object:
+    """A scalar arg's default when a program may take it as a constant. Not a float
+    zero: 0.0 == -0.0, and the constant would lose the sign of a -0.0 passed."""
+    default = arg.default if kind is Kind.SCALAR and arg.has_default else None
+    if default is None or type(default) not in (int, float) or default == 0.0:
+        return NO_DEFAULT
+    return default
 
 
 def make_spec(schema: OpSchema, lowering: Lowering, lowering_args=None, targets=None) -> OpSpec:
@@ -92,6 +108,7 @@ def make_spec(schema: OpSchema, lowering: Lowering, lowering_args=None, targets=
         sees_bits,
         written_args,
         host_numbers,
+        tuple(_scalar_default(a, k) for a, k in zip(schema.args, kinds)),
     )
 
 
@@ -155,6 +172,7 @@ def _layout(spec: OpSpec, values: list, inputs: _Inputs) -> tuple:
     """Per schema arg, its hashable description: tensor (slot, view), scalar type, or value."""
     layout = []
     written = spec.written_args
+    defaults = spec.scalar_defaults
     for index, (kind, value) in enumerate(zip(spec.kinds, values)):
         if value is None:
             layout.append(None)
@@ -173,6 +191,10 @@ def _layout(spec: OpSpec, values: list, inputs: _Inputs) -> tuple:
                 ("l", tuple(None if t is None else inputs.tensor(t, host_ok, write) for t in value))
             )
         elif kind is Kind.SCALAR:
+            default = defaults[index]
+            if type(value) is type(default) and value == default:
+                layout.append(("v", value))
+                continue
             layout.append(("s", len(inputs.dynamic), type(value)))
             inputs.dynamic.append(value)
         elif kind is Kind.SCALAR_LIST:  # foreach ops' per-tensor scalars (bias corrections)

@@ -49,7 +49,7 @@ def signature(spec, values: list):
     storages: list = []
     slots: dict = {}
     dynamic: list = []
-    for kind, value in zip(spec.kinds, values):
+    for kind, value, default in zip(spec.kinds, values, spec.scalar_defaults):
         if kind is _TENSOR or kind is _OPT_TENSOR:
             if value is None:
                 key.append(None)
@@ -62,6 +62,8 @@ def signature(spec, values: list):
         elif kind is _SCALAR:
             if value is None:
                 key.append(None)
+            elif type(value) is type(default) and value == default:
+                key.append(_AT_DEFAULT)  # (a constant of the program: executor._layout)
             else:
                 key.append(type(value))
                 dynamic.append(value)
@@ -111,6 +113,7 @@ def _tensor(t: torch.Tensor, key: list, storages: list, slots: dict, dynamic: li
     return True
 
 
+_AT_DEFAULT = object()  # in a signature, a scalar passed as its schema default
 _VARYING = object()  # in a signature, in place of an offset passed at run time
 
 
