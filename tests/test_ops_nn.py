@@ -134,6 +134,24 @@ def test_log_softmax_half_rounds_like_cpu(dtype, dim, no_nn_fallback):
     assert_same(lambda t: F.log_softmax(t, dim), x, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fn", [F.silu, F.mish], ids=["silu", "mish"])
+def test_half_silu_and_mish_backward_as_cpu(fn, dtype, eager_mode):
+    """CPU's backward kernels compute halves in float32; PyTorch's decomposition of them,
+    which a PrivateUse1 device gets, rounded each step to the half type (1-2 units in the
+    last place apart). A double backward still differentiates the decomposition."""
+    x, g = randn(300, dtype=dtype) * 4, randn(300, dtype=dtype)
+    assert_same_grad(lambda t, w: fn(t) * w, x, g, atol=0, rtol=0)
+
+    def second(t):
+        first = torch.autograd.grad(fn(t).float().sum(), t, create_graph=True)[0]
+        return torch.autograd.grad((first.float() ** 2).sum(), t)[0]
+
+    cpu = second(x.float().requires_grad_())
+    tpu = second(x.float().to("tpu").requires_grad_())
+    torch.testing.assert_close(tpu.cpu(), cpu)
+
+
 def test_layer_norm_grad_over_one_element(no_nn_fallback):
     """Normalizing a single element: CPU's weight gradient is dy * (rstd * x - rstd * mean),
     not exactly 0 (-2.4e-5 here)."""

@@ -89,6 +89,32 @@ def _register_lowering(name: str, lowering: Lowering) -> None:
     _register_variants(name, op, lowering)
 
 
+# CompositeImplicitAutograd backward ops that autograd's formulas call with grad mode
+# off (with it on, for a double backward, they call a differentiable decomposition).
+# CPU and CUDA run a kernel of their own there, computing half-precision inputs in
+# float32; PyTorch's decomposition, which every other device gets, rounds each step to
+# the half type (1-2 units in the last place apart). Their lowerings run whenever no
+# gradient of the call itself can be wanted; otherwise the decomposition, as before.
+_GRADLESS_BACKWARDS = ("silu_backward.default", "mish_backward.default")
+
+
+def _register_gradless_backward(name: str, lowering: Lowering) -> None:
+    op = overload(name)
+    _register_spec(name, executor.make_spec(parse(op), lowering), "lowered")
+    decompose = op.decompose
+    below_autograd = torch._C._AutoDispatchBelowAutograd
+
+    def autograd_kernel(*args, **kwargs):
+        if torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values())
+        ):
+            return decompose(*args, **kwargs)
+        with below_autograd():
+            return op(*args, **kwargs)
+
+    _lib.impl(name.removesuffix(".default"), autograd_kernel, "AutogradPrivateUse1")
+
+
 def _register_variants(name: str, op, lowering: Lowering) -> None:
     """The in-place and out= overloads of a functional op, derived from its lowering."""
     packet_name, _, ovl = name.partition(".")
@@ -404,6 +430,8 @@ def register_all() -> None:
 
     _register_specials()
     for name, lowering in sorted(LOWERINGS.items()):
-        if name not in KERNELS and name not in _BIT_VIEWS:
+        if name in _GRADLESS_BACKWARDS:
+            _register_gradless_backward(name, lowering)
+        elif name not in KERNELS and name not in _BIT_VIEWS:
             _register_lowering(name, lowering)
     _register_decompositions()

@@ -182,6 +182,18 @@ def mish(self):
     return x * jnp.tanh(jax.nn.softplus(x))
 
 
+# (CompositeImplicitAutograd ops: autograd reaches these lowerings only with grad mode
+# off, engine/kernels.py `_GRADLESS_BACKWARDS`; CPU's kernels compute halves in float32)
+@lower("silu_backward.default")
+def silu_backward(grad_output, self):
+    return _vjp(lambda x: x * jax.nn.sigmoid(x), self, _up(grad_output))
+
+
+@lower("mish_backward.default")
+def mish_backward(grad_output, self):
+    return _vjp(lambda x: x * jnp.tanh(jax.nn.softplus(x)), self, _up(grad_output))
+
+
 def _check_integer_hardtanh(values: list) -> bool:
     """CPU reads an integer input's bounds as int64, refuses negative ones for uint8,
     then converts them to the input's type (tpu clamped an int8 to -300..300): CPU's own
