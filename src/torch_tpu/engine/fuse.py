@@ -103,28 +103,59 @@ def _input_ref(value):
 
 def record(entry, storage_values: list, dynamic: tuple, key_inputs: tuple):
     """Record one op; returns (fresh outputs, written storage values) as Pendings."""
-    if SPLIT_FLOPS is not None and _segment.flops >= SPLIT_FLOPS:
-        # here rather than after the op that crossed the line: its caller still held
-        # the arrays it read, which would keep the segment from donating them
-        flush("compute split")
-    n = len(_segment.nodes)
-    storage_refs = tuple(_input_ref(v) for v in storage_values)
-    dynamic_refs = tuple(_segment.scalar(d) for d in dynamic)
-    key_refs = tuple(_segment.scalar(k) for k in key_inputs)
-    _segment.nodes.append((entry, storage_refs, dynamic_refs, key_refs))
-    fresh = [_pendings(meta, (n, "f", k)) for k, meta in enumerate(entry.fresh)]
+    segment = _segment
+    if SPLIT_FLOPS is not None:
+        if segment.flops >= SPLIT_FLOPS:
+            # here rather than after the op that crossed the line: its caller still held
+            # the arrays it read, which would keep the segment from donating them
+            flush("compute split")
+            segment = _segment
+        flops = _FLOPS.get(entry)
+        if flops is None:
+            flops = _FLOPS[entry] = _flops(entry)
+        segment.flops += flops
+    n = len(segment.nodes)
+    storage_refs = tuple([_input_ref(v) for v in storage_values])
+    scalar = segment.scalar
+    dynamic_refs = tuple([scalar(d) for d in dynamic]) if dynamic else ()
+    key_refs = tuple([scalar(k) for k in key_inputs]) if key_inputs else ()
+    segment.nodes.append((entry, storage_refs, dynamic_refs, key_refs))
+    shapes = _FRESH_SHAPES.get(entry)
+    if shapes is None:
+        shapes = _FRESH_SHAPES[entry] = tuple(_array_shapes(meta) for meta in entry.fresh)
+    pending = segment.pending
+    fresh = [_pendings(pending, shape, (n, "f", k)) for k, shape in enumerate(shapes)]
     written = [
-        _segment.pending((n, "w", k), storage_values[slot].shape)
+        pending((n, "w", k), storage_values[slot].shape)
         for k, slot in enumerate(entry.written_slots)
     ]
     metrics.count("ops_deferred")
-    flops = _FLOPS.get(entry)
-    if flops is None:
-        flops = _FLOPS[entry] = _flops(entry)
-    _segment.flops += flops
-    if len(_segment.nodes) >= CAP:
+    if n + 1 >= CAP:
         flush("segment size cap")
     return fresh, written
+
+
+_FRESH_SHAPES: dict = {}  # per-op executable -> per fresh output its array shape(s)
+cache.on_clear(_FRESH_SHAPES.clear)
+
+
+def _array_shapes(meta):
+    """A fresh output's storage array shape (a list of them for a list output; None for
+    an absent one), worked out once per executable."""
+    if isinstance(meta, list):
+        return [_array_shapes(m) for m in meta]
+    if meta == "absent":
+        return None
+    shape, _, strides = meta
+    return strided.layout_shape(shape, strides)
+
+
+def _pendings(pending, shape, ref):
+    if shape is None:
+        return None
+    if isinstance(shape, list):
+        return [_pendings(pending, s, ref + (j,)) for j, s in enumerate(shape)]
+    return pending(ref, shape)
 
 
 # The argument whose last dimension a contraction sums over, per ATen packet
@@ -149,15 +180,6 @@ def _flops(entry) -> int:
     if packet == "convolution_backward" and "weight" in shapes and "grad_output" in shapes:
         return 4 * math.prod(shapes["grad_output"]) * math.prod(shapes["weight"][1:])
     return 0
-
-
-def _pendings(meta, ref):
-    if isinstance(meta, list):
-        return [_pendings(m, ref + (j,)) for j, m in enumerate(meta)]
-    if meta == "absent":
-        return None
-    shape, _, strides = meta
-    return _segment.pending(ref, strided.layout_shape(shape, strides))
 
 
 def flush(reason: str = "value needed") -> None:
