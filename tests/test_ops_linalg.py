@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_same, assert_same_grad
+from conftest import assert_same, assert_same_error, assert_same_grad
 
 import torch_tpu
 
@@ -125,6 +125,32 @@ def test_inverse_reports_singular():
     assert torch.linalg.inv_ex(a).info.item() > 0
     with pytest.raises(torch.linalg.LinAlgError):
         torch.linalg.inv(a)
+
+
+_SINGULAR = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
+
+
+@pytest.mark.parametrize("a", [_SINGULAR, torch.stack([torch.eye(2), _SINGULAR])],
+                         ids=["matrix", "batch"])  # fmt: skip
+@pytest.mark.parametrize("call", [
+    lambda a: torch.linalg.inv_ex(a, check_errors=True),
+    lambda a: torch.linalg.lu_factor_ex(a, check_errors=True),
+    lambda a: torch.linalg.solve_ex(a, torch.ones(*a.shape[:-1], 1, device=a.device),
+                                    check_errors=True),
+    lambda a: torch.linalg.inv_ex(a, check_errors=True, out=(
+        torch.empty(0, device=a.device), torch.empty(0, dtype=torch.int32, device=a.device))),
+], ids=["inv_ex", "lu_factor_ex", "solve_ex", "inv_ex_out"])  # fmt: skip
+def test_ex_forms_with_check_errors_raise_as_cpu(call, a, eager_mode):
+    """tpu returned `info` without raising: a program asking for the error went on with a
+    singular matrix's inverse."""
+    assert_same_error(lambda d: call(a.to(d)))
+
+
+def test_cholesky_ex_with_check_errors_raises():
+    """(Its message names XLA's failing minor, not always LAPACK's: docs/differences.md.)"""
+    with pytest.raises(torch.linalg.LinAlgError, match="not positive-definite"):
+        torch.linalg.cholesky_ex(_SINGULAR.to("tpu"), check_errors=True)
+    assert torch.linalg.cholesky_ex(_SINGULAR.to("tpu")).info.item() > 0
 
 
 @pytest.mark.parametrize("left", [True, False])

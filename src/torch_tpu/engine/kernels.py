@@ -70,9 +70,33 @@ def _impl(name: str, kernel, category: str) -> None:
     KERNELS[name if "." in name else f"{name}.default"] = category
 
 
+# The linalg `*_ex` ops (every overload) whose `check_errors=True` makes CPU's kernel
+# raise on a nonzero `info` (their last result), with the API name its message uses.
+# A lowering cannot raise on a value it computes: the kernel reads `info` afterwards
+# (a sync, as on CPU and CUDA) through PyTorch's own check, whose message CPU's is.
+_RAISE_ON_INFO = {
+    "linalg_cholesky_ex": "linalg.cholesky_ex",
+    "linalg_inv_ex": "linalg.inv_ex",
+    "linalg_lu_factor_ex": "torch.linalg.lu_factor_ex",
+    "_linalg_solve_ex": "torch.linalg.solve_ex",
+}
+
+
 def _register_spec(name: str, spec: executor.OpSpec, category: str) -> None:
-    def kernel(*args, **kwargs):
-        return executor.run(spec, args, kwargs)
+    api = _RAISE_ON_INFO.get(name.partition(".")[0])
+    if api is not None:
+        check = torch.ops.aten._linalg_check_errors.default
+
+        def kernel(*args, **kwargs):
+            result = executor.run(spec, args, kwargs)
+            if kwargs.get("check_errors"):
+                check(result[-1], api, is_matrix=args[0].dim() == 2)
+            return result
+
+    else:
+
+        def kernel(*args, **kwargs):
+            return executor.run(spec, args, kwargs)
 
     kernel.__name__ = f"tpu_{name.replace('.', '_')}"
     _impl(name, kernel, category)
