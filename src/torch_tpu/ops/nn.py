@@ -21,6 +21,7 @@ from jax import lax
 from torch._prims_common import suggest_memory_format
 
 from .. import dtypes, precision
+from ..rng import draw
 from .indexing import outside
 from .pointwise import check_fill_value, scalar_type_name
 from .registry import in_memory_format, lower
@@ -582,7 +583,7 @@ def native_group_norm_backward(
 def native_dropout(key, input, p, train):
     if train is not None and not train:
         return input, jnp.ones(input.shape, jnp.bool_)
-    keep = jax.random.bernoulli(key, 1 - p, input.shape)
+    keep = draw(lambda k, shape: jax.random.bernoulli(k, 1 - p, shape), key, input.shape)
     scale = 0.0 if p == 1 else 1 / (1 - p)
     return input * keep.astype(input.dtype) * scale, keep
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .. import dtypes
+from ..rng import draw
 from .pointwise import check_fill_value, scalar_type_name
 from .registry import lower
 
@@ -25,7 +26,7 @@ def _uniform(key, shape, dtype, low=0.0, high=1.0):
     """Uniform in [low, high); sampled in the target precision so it never rounds up to high."""
     if jnp.issubdtype(dtype, jnp.complexfloating):
         dtype = jnp.finfo(dtype).dtype
-    return jax.random.uniform(key, shape, _float_dtype(dtype), low, high)
+    return draw(jax.random.uniform, key, shape, _float_dtype(dtype), low, high)
 
 
 def _check_uniform(values: list) -> bool:
@@ -51,13 +52,13 @@ def uniform_(key, self, low=0.0, high=1.0, generator=None):
 
 @lower("normal_.default", random=True, elementwise_draw=True)
 def normal_(key, self, mean=0.0, std=1.0, generator=None):
-    return jax.random.normal(key, self.shape, _float_dtype(self.dtype)) * std + mean
+    return draw(jax.random.normal, key, self.shape, _float_dtype(self.dtype)) * std + mean
 
 
 def _normal_like(key, mean, std):
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
     dtype = jnp.result_type(mean, std)
-    return jax.random.normal(key, shape, _float_dtype(dtype)) * std + mean
+    return draw(jax.random.normal, key, shape, _float_dtype(dtype)) * std + mean
 
 
 def _check_std(values: list) -> bool:
@@ -87,7 +88,7 @@ def normal_tensor(key, mean, std, generator=None):
 
 @lower("log_normal_.default", random=True, elementwise_draw=True)
 def log_normal_(key, self, mean=1.0, std=2.0, generator=None):
-    return jnp.exp(jax.random.normal(key, self.shape, _float_dtype(self.dtype)) * std + mean)
+    return jnp.exp(draw(jax.random.normal, key, self.shape, _float_dtype(self.dtype)) * std + mean)
 
 
 @lower("exponential_.default", random=True, elementwise_draw=True)
@@ -125,7 +126,7 @@ def bernoulli(key, self, generator=None):
 def _integers(key, shape, dtype, low, high):
     """Integers in [low, high] (inclusive; any 64-bit span), as dtype."""
     span = high - low + 1
-    bits = jax.random.bits(key, shape, jnp.uint64)
+    bits = draw(jax.random.bits, key, shape, jnp.uint64)
     if span < 2**64:
         bits = bits % np.uint64(span)
     value = jax.lax.bitcast_convert_type(bits + np.uint64(low % 2**64), jnp.int64)
@@ -300,5 +301,5 @@ def multinomial(key, self, num_samples, replacement=False, generator=None):
     if replacement:
         shape = batch + (num_samples,)
         return jax.random.categorical(key, logits[..., None, :], axis=-1, shape=shape)
-    perturbed = logits + jax.random.gumbel(key, self.shape, logits.dtype)
+    perturbed = logits + draw(jax.random.gumbel, key, self.shape, logits.dtype)
     return jax.lax.top_k(perturbed, num_samples)[1]
