@@ -325,10 +325,11 @@ def _plain_call(spec: OpSpec, entry: _Executable):
 def _key_inputs(spec: OpSpec):
     if not spec.lowering.random:
         return ()
-    seed, counter = rng.next_key_inputs()
-    # numpy scalars: an executable takes them at about 1 us each, a device array
-    # made per call (jnp.asarray) costs about 25 us
-    return (np.uint64(seed), np.uint64(counter))
+    return (rng.key(*rng.next_key_inputs()),)
+
+
+# what a random op's program takes where its key goes (`rng.key`'s result)
+_ABSTRACT_KEY = (jax.ShapeDtypeStruct((2,), np.uint32),)
 
 
 def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
@@ -425,7 +426,7 @@ def _trace_once(spec: OpSpec, entry: _Executable, storages: list, dynamic: tuple
     """Fused mode traces an op's program only when its segment flushes; tracing it once
     here, at its first call, makes a lowering's failure name this op, not the flush."""
     storages = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in storages)
-    key_inputs = (np.uint64(0), np.uint64(0)) if spec.lowering.random else ()
+    key_inputs = _ABSTRACT_KEY if spec.lowering.random else ()
     with lowering_errors(spec.schema.name):
         jax.eval_shape(entry.program, storages, dynamic, key_inputs)
     entry.traced = True
@@ -744,7 +745,7 @@ def _signature(spec: OpSpec, layout: tuple) -> list:
 def _eval_shapes(spec: OpSpec, layout: tuple) -> list:
     """Output metadata from the lowering itself, for ops PyTorch has no meta kernel for."""
     program = _program(spec, layout, None, ())
-    key_inputs = (np.uint64(0), np.uint64(0)) if spec.lowering.random else ()
+    key_inputs = _ABSTRACT_KEY if spec.lowering.random else ()
     shapes = jax.eval_shape(
         program, _abstract_storages(layout), _abstract_dynamic(layout), key_inputs
     )
@@ -838,7 +839,7 @@ def _program(
             failures = lowering.device_check(*lowering_inputs)
             new[flag_slot] = device_asserts.fold(storages[flag_slot], failures, spec.schema.name)
         if lowering.random:
-            lowering_inputs.insert(0, rng.make_key(*key_inputs))
+            lowering_inputs.insert(0, key_inputs[0])
         outputs = lowering.fn(*lowering_inputs, **extra)
         if len(spec.targets) == 1 or not isinstance(outputs, (tuple, list)):
             outputs = (outputs,)
