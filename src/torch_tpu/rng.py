@@ -54,17 +54,22 @@ def key(seed: int, counter: int):
     """The PRNG key of (seed, counter) (`make_key`), made by one small executable
     compiled once per process. An eager random op's program takes the key as an input:
     deriving it inside every op's program cost each one's compile 120-145 ms on
-    XLA:CPU (a tenth of a random op's first call at a new shape)."""
-    global _key_maker
+    XLA:CPU, about half of what a random op's program took to compile."""
+    global _key_maker, _forgets_on_clear
     import numpy as np
 
     seed, counter = np.uint64(seed), np.uint64(counter)
     if _key_maker is None:
         from . import cache
 
+        if not _forgets_on_clear:
+            cache.on_clear(_forget_key_maker)
+            _forgets_on_clear = True
         _key_maker = cache.compile(make_key, (seed, counter), kind="op", name="rng key")
-        cache.on_clear(_forget_key_maker)
     return _key_maker(seed, counter)
+
+
+_forgets_on_clear = False  # the cache's on_clear hook is registered (once)
 
 
 def _forget_key_maker() -> None:

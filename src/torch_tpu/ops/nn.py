@@ -171,28 +171,34 @@ def gelu_backward(grad_output, self, approximate="none"):
     return _vjp(lambda x: _gelu(x, approximate), self, _up(grad_output))
 
 
+def _silu(x):
+    return x * jax.nn.sigmoid(x)
+
+
+def _mish(x):
+    return x * jnp.tanh(jax.nn.softplus(x))
+
+
 @lower("silu.default")
 def silu(self):
-    x = _up(self)
-    return x * jax.nn.sigmoid(x)
+    return _silu(_up(self))
 
 
 @lower("mish.default")
 def mish(self):
-    x = _up(self)
-    return x * jnp.tanh(jax.nn.softplus(x))
+    return _mish(_up(self))
 
 
 # (CompositeImplicitAutograd ops: autograd reaches these lowerings only with grad mode
 # off, engine/kernels.py `_GRADLESS_BACKWARDS`; CPU's kernels compute halves in float32)
 @lower("silu_backward.default")
 def silu_backward(grad_output, self):
-    return _vjp(lambda x: x * jax.nn.sigmoid(x), self, _up(grad_output))
+    return _vjp(_silu, self, _up(grad_output))
 
 
 @lower("mish_backward.default")
 def mish_backward(grad_output, self):
-    return _vjp(lambda x: x * jnp.tanh(jax.nn.softplus(x)), self, _up(grad_output))
+    return _vjp(_mish, self, _up(grad_output))
 
 
 def _check_integer_hardtanh(values: list) -> bool:
