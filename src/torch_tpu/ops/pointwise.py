@@ -343,7 +343,6 @@ def ldexp(self, other):
     return jnp.multiply(*_cast(Promo.DEFAULT, self, power, exact_other=True))
 
 
-# the C++ type CPU reads addcmul's and addcdiv's `value` as, per result dtype
 def _check_complex_value(values: list) -> None:
     """CPU refuses a complex `value` with an imaginary part for a real result; tpu
     dropped the imaginary part. CPU's own kernel, on empty tensors of the result dtype,
