@@ -32,7 +32,7 @@ CI_ENTRIES = [
     "add", "sub", "mul", "div.no_rounding_mode", "div.floor_rounding", "remainder", "fmod",
     "pow", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "tanh", "sigmoid", "erf",
     "erfinv", "lgamma", "digamma", "xlogy", "clamp", "minimum", "maximum", "where", "eq", "lt",
-    "logical_and", "bitwise_and",
+    "logical_and", "bitwise_and", "isclose",
     # reductions
     "sum", "mean", "var", "std", "amax", "argmax", "prod", "all", "any", "logsumexp", "cumsum",
     "sort", "topk", "max.reduction_with_dim", "min.reduction_with_dim",

@@ -103,7 +103,9 @@ def _register_spec(name: str, spec: executor.OpSpec, category: str) -> None:
 
 
 def _register_lowering(name: str, lowering: Lowering) -> None:
-    if _has(name, "CompositeImplicitAutograd"):
+    from ..ops import composites  # (only once the registry is filled: it imports JAX)
+
+    if _has(name, "CompositeImplicitAutograd") and name not in composites.GRADLESS:
         raise RuntimeError(
             f"aten::{name} is CompositeImplicitAutograd: PyTorch decomposes it before it "
             "reaches a backend, so a lowering would bypass autograd; lower its parts instead"

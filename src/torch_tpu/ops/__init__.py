@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     amp,
     attention,
+    composites,
     embedding_bag,
     factory,
     foreach,
