@@ -157,6 +157,30 @@ def test_clamp_without_bounds_raises_runtime_error(eager_mode):
     assert_same_error(lambda d: torch.zeros(3, device=d).clamp_())
 
 
+_BROADCAST_ERRORS = {
+    "eq": lambda d: torch.eq(torch.ones(3, device=d), torch.ones(4, device=d)),
+    "add": lambda d: torch.ones(2, 3, device=d) + torch.ones(5, 1, 4, device=d),
+    "add_": lambda d: torch.ones(2, 3, device=d).add_(torch.ones(5, 1, 4, device=d)),
+    "mul_": lambda d: torch.ones(3, device=d).mul_(torch.ones(2, 3, device=d)),
+    "addcmul_": lambda d: torch.ones(3, device=d).addcmul_(
+        torch.ones(2, 1, device=d), torch.ones(3, device=d)
+    ),
+    "where": lambda d: torch.where(
+        torch.ones(3, device=d) > 0, torch.ones(1, 3, device=d), torch.ones(4, 1, 2, device=d)
+    ),
+    "sub_out": lambda d: torch.sub(
+        torch.ones(2, 3, device=d), torch.ones(5, 1, 4, device=d), out=torch.ones(7, device=d)
+    ),
+    "isclose": lambda d: torch.isclose(torch.ones(3, device=d), torch.ones(4, device=d)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BROADCAST_ERRORS))
+def test_broadcast_errors_in_cpus_words(eager_mode, case):
+    """(PyTorch's Python meta functions word them otherwise than CPU's TensorIterator)"""
+    assert_same_error(_BROADCAST_ERRORS[case])
+
+
 @pytest.mark.parametrize(
     ("op", "src", "out"),
     [

@@ -506,7 +506,30 @@ def _meta_run(spec: OpSpec, values: list):
         # some of PyTorch's decompositions (nll_loss's) check arguments with AssertionError
         # where CPU's kernels raise RuntimeError with the same words
         raise RuntimeError(str(e)) from None
+    except RuntimeError as e:
+        if str(e).startswith(_REFS_BROADCAST):
+            _raise_as_tensor_iterator(spec, values)
+        raise
     return meta_values, result, out_dtypes
+
+
+# PyTorch's Python meta functions of elementwise ops word broadcast errors otherwise
+# than CPU's TensorIterator, which folds the operands' shapes left to right (an out=
+# argument is resized, not broadcast; an in-place self is an operand)
+_REFS_BROADCAST = ("Attempting to broadcast a dimension of length", "output with shape torch.Size(")
+
+
+def _raise_as_tensor_iterator(spec: OpSpec, values: list) -> None:
+    shape = None
+    for arg, value in zip(spec.schema.args, values):
+        if isinstance(value, torch.Tensor) and not (arg.written and arg.kwarg_only):
+            shape = value.shape if shape is None else torch._C._infer_size(shape, value.shape)
+    written = [v for a, v in zip(spec.schema.args, values) if a.written and not a.kwarg_only]
+    if shape is not None and written and written[0].shape != shape:
+        raise RuntimeError(
+            f"output with shape {list(written[0].shape)} doesn't match the broadcast shape "
+            f"{list(shape)}"
+        )
 
 
 _RESIZED = "An output with one or more elements was resized"
