@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import assert_same_error, assert_same_outcome
+from conftest import assert_same_error, assert_same_outcome, count_compiles
 
 from torch_tpu.engine import executor
 from torch_tpu.engine.debug import TpuOpError
@@ -217,6 +217,22 @@ def test_float_to_int_conversion_matches_cpu(src, dtype):
 @pytest.mark.parametrize("dims", [[0], [-1], [], [1]])
 def test_flip_of_a_0d_tensor(eager_mode, dims):
     assert_same_outcome(lambda d: torch.tensor(3.0, device=d).flip(dims))
+
+
+@pytest.mark.parametrize("dims", [(1, 1), (0, -3), (2, 0, 2), (0, 3), (-4,)])
+def test_flip_of_bad_dims_raises_as_cpu(eager_mode, dims):
+    assert_same_error(lambda d: torch.ones(3, 4, 5, device=d).flip(dims))
+
+
+def test_flip_in_any_order_of_its_dims_is_one_program(monkeypatch):
+    """flip treats its dims as a set: every order (and wrapping) of the same dims runs
+    one program, not a compile each (PyTorch's test_flip met 46 programs for 29)."""
+    programs = count_compiles(monkeypatch)
+    x = torch.randn(3, 4, 5)
+    with torch.tpu.set_eager_mode("strict"):
+        for dims in [(2, 0), (0, 2), (-1, 0), (0, -1), (-3, 2)]:
+            assert torch.equal(x.to("tpu").flip(dims).cpu(), x.flip(dims))
+    assert programs.count("aten::flip.default") <= 1
 
 
 def test_nonzero_out_is_resized():

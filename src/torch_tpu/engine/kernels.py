@@ -82,9 +82,37 @@ _RAISE_ON_INFO = {
 }
 
 
+def _flip_dims(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """flip's dims in one order, wrapped: (1, 0), (0, 1) and (-1, 0) of a matrix are one
+    program, not three (each a compile at a new shape). Invalid dims stay as given, for
+    CPU's error about them."""
+    self, dims = args if len(args) == 2 else (args[0], kwargs.pop("dims"))
+    ndim = max(self.dim(), 1)
+    wrapped = [d % ndim for d in dims if -ndim <= d < ndim]
+    if len(wrapped) == len(dims):
+        seen = set()
+        for d in wrapped:  # (CPU's words: PyTorch's meta kernel says "duplicate value")
+            if d in seen:
+                raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
+            seen.add(d)
+        dims = sorted(wrapped)
+    return (self, dims), kwargs
+
+
+# ops whose arguments PyTorch treats as a set, put in one order before the executor keys
+# the call on them
+_CANONICAL_ARGS = {"flip.default": _flip_dims}
+
+
 def _register_spec(name: str, spec: executor.OpSpec, category: str) -> None:
     api = _RAISE_ON_INFO.get(name.partition(".")[0])
-    if api is not None:
+    canonical = _CANONICAL_ARGS.get(name)
+    if canonical is not None:
+
+        def kernel(*args, **kwargs):
+            return executor.run(spec, *canonical(args, kwargs))
+
+    elif api is not None:
         check = torch.ops.aten._linalg_check_errors.default
 
         def kernel(*args, **kwargs):
