@@ -295,6 +295,55 @@ def test_nonzero_scalar_and_empty():
     assert_same(lambda t: t.nonzero(), torch.zeros(3, 0))
 
 
+_SELECTIONS = {
+    "rows": lambda t: t[t[:, 0, 0] > 0],
+    "2-d mask": lambda t: t[t[:, :, 0] > 0],
+    "full mask": lambda t: t[t > 0],
+    "none": lambda t: t[t > 100],
+    "all": lambda t: t[t > -100],
+    "inner mask": lambda t: t[:, t[0, :, 0] > 0],
+    "mask and int": lambda t: t[t[:, 0, 0] > 0, 1],
+    "0-d": lambda t: t[0, 0, 0][t[0, 0, 0] > 0],
+    "no rows": lambda t: t[:0][t[:0, 0, 0] > 0],
+    "masked_select": lambda t: torch.masked_select(t, t > 0),
+    "masked_select broadcast": lambda t: torch.masked_select(t, t[0] > 0),
+    "nonzero": lambda t: (t > 0).nonzero(),
+    "nonzero none": lambda t: (t > 100).nonzero(),
+    "nonzero 0-d": lambda t: (t[0, 0, 0] > -100).nonzero(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SELECTIONS))
+def test_selections_by_mask_as_cpu(eager_mode, case):
+    """Their results are views of bucket-sized arrays (registry.result_prefix): the
+    values, shapes, dtypes and contiguity must be CPU's."""
+    x = torch.randn(6, 5, 3)
+    expected, got = _SELECTIONS[case](x), _SELECTIONS[case](x.to("tpu"))
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    assert got.is_contiguous() == expected.is_contiguous() or case.startswith("nonzero")
+    assert torch.equal(got.cpu(), expected)
+    assert torch.equal((got * 2).cpu(), expected * 2)  # (read through the view)
+
+
+def test_new_true_counts_in_one_bucket_compile_no_selection_program():
+    """A mask's True count sets the result's length; within a power-of-two bucket a new
+    count compiles none of the programs that select (each compiled per count before: a
+    loop over masks of changing counts spent ~1.5 s a step compiling)."""
+    from torch_tpu.ops import indexing
+
+    x = torch.randn(512, 3, device="tpu")
+    programs = (indexing._argwhere, indexing._gather_indexed, indexing._masked_select)
+    first = torch.arange(512, device="tpu") < 65  # (a first count: the bucket's programs)
+    x[first], first.nonzero(), torch.masked_select(x[:, 0], first)
+    before = [fn._cache_size() for fn in programs]
+    for count in (70, 80, 99, 101, 127, 128):  # all in (64, 128]
+        mask = torch.arange(512, device="tpu") < count
+        assert x[mask].shape == (count, 3)
+        assert torch.equal(mask.nonzero().flatten().cpu(), torch.arange(count))
+        assert torch.equal(torch.masked_select(x[:, 0], mask).cpu(), x[:count, 0].cpu())
+    assert [fn._cache_size() for fn in programs] == before
+
+
 # ---------------------------------------------------------------- take/put
 
 

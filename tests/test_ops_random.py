@@ -205,16 +205,16 @@ def test_compiled_checkpoint_recomputes_dropout_with_the_forwards_mask():
     _assert_follows_the_forwards_mask(reentrant=False, compiled=True)
 
 
-# (op, dtypes): every op whose first calls draw from a size bucket (engine/random_buckets)
+# (op, dtypes): every op that takes predrawn bits in strict and debug modes (engine/predrawn)
 _ELEMENTWISE_DRAWS = [
     (lambda t: t.uniform_(-2, 3), (torch.float32, torch.float16, torch.bfloat16, torch.float64)),
-    (lambda t: t.normal_(1, 2), (torch.float32, torch.bfloat16, torch.float64)),
+    (lambda t: t.normal_(1, 2), (torch.float32, torch.bfloat16, torch.float64, torch.float16)),
     (lambda t: t.log_normal_(), (torch.float32,)),
     (lambda t: t.exponential_(2), (torch.float32, torch.float16)),
     (lambda t: t.cauchy_(), (torch.float32,)),
     (lambda t: t.geometric_(0.3), (torch.float32, torch.int64)),
     (lambda t: t.bernoulli_(0.4), (torch.float32, torch.bool)),
-    (lambda t: t.random_(), (torch.int64, torch.uint8, torch.float16, torch.bool)),
+    (lambda t: t.random_(), (torch.int64, torch.uint8, torch.float16, torch.bool, torch.int8)),
     (lambda t: t.random_(-5, 100), (torch.int64, torch.int32, torch.float32)),
     (lambda t: t.random_(50), (torch.int16, torch.bfloat16)),
 ]
@@ -226,52 +226,51 @@ def _draws(fill, dtype, shapes) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("case", range(len(_ELEMENTWISE_DRAWS)))
-def test_drawing_through_a_size_bucket_keeps_the_random_stream(monkeypatch, case):
-    """A random op called at several sizes of one bucket draws at the bucket's size and
-    copies the prefix (strict and debug modes: per-op programs): the values must be the
-    bits its own program draws, call after call (a changed stream would change every
-    seeded program's results)."""
-    for mode in ("strict", "debug"):
-        with torch.tpu.set_eager_mode(mode):
-            _assert_bucket_keeps_the_stream(monkeypatch, case)
-
-
-def _assert_bucket_keeps_the_stream(monkeypatch, case):
+def test_predrawn_bits_keep_the_random_stream(monkeypatch, case):
+    """In strict and debug modes an elementwise draw takes its bits from a program per
+    size bucket: the values must be the bits its own draw gives (the fused mode's, and
+    the strict mode's without predrawn bits), call after call; a changed stream would
+    change every seeded program's results."""
     from torch_tpu import cache
-    from torch_tpu.engine import random_buckets
+    from torch_tpu.engine import predrawn
 
+    hold_executables(monkeypatch)
     fill, dtypes = _ELEMENTWISE_DRAWS[case]
-    # buckets 64, 64, 64, 64, 64, 256, 256: the first geometry of each has its own program
-    shapes = [(3, 5, 2), (3, 5, 2), (7,), (1, 1), (7,), (2, 70), (150,)]
-    draw = random_buckets.draw
+    shapes = [(3, 5, 2), (3, 5, 2), (7,), (1, 1), (2, 70), (150,), (0, 3)]
     served = []
+    bits, serves = predrawn.bits, predrawn.serves
+    monkeypatch.setattr(predrawn, "bits", lambda *a: served.append(1) or bits(*a))
     for dtype in dtypes:
-        hold_executables(monkeypatch)
-        cache.forget_lookups()  # (first calls, whatever ran before)
-        served.clear()
-        monkeypatch.setattr(random_buckets, "draw", lambda *a: served.append(1) or draw(*a))
-        bucketed = _draws(fill, dtype, shapes)
-        assert len(served) == 4
-        monkeypatch.setattr(random_buckets, "serves", lambda *a: False)
-        own = _draws(fill, dtype, shapes)
-        assert len(served) == 4
-        monkeypatch.undo()
-        for a, b in zip(bucketed, own):
-            assert torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)), dtype
-        assert not torch.equal(bucketed[2], bucketed[4])  # successive calls still differ
+        with torch.tpu.set_eager_mode("fused"):
+            expected = _draws(fill, dtype, shapes)
+        for mode in ("strict", "debug"):
+            with torch.tpu.set_eager_mode(mode):
+                served.clear()
+                drawn = _draws(fill, dtype, shapes)
+                assert len(served) == len(shapes) - 1  # (nothing to draw for no elements)
+                monkeypatch.setattr(predrawn, "serves", lambda n: False)
+                cache.forget_lookups()  # (each executable takes one kind of rng input)
+                own = _draws(fill, dtype, shapes)
+                monkeypatch.setattr(predrawn, "serves", serves)
+                cache.forget_lookups()
+            for a, b, c in zip(drawn, own, expected):
+                assert torch.equal(a.view(-1).view(torch.uint8), c.view(-1).view(torch.uint8))
+                assert torch.equal(b.view(-1).view(torch.uint8), c.view(-1).view(torch.uint8))
+        assert not torch.equal(expected[0], expected[1])  # successive calls still differ
 
 
-def test_new_sizes_in_one_bucket_compile_the_random_op_once(monkeypatch):
-    """Sizes never seen before (a test's tensors, data-dependent sizes) compile only a copy
-    each: the random op's program (its threefry generator compiles 3-5x slower than an
-    add) is compiled for the first size and for the bucket, not for every size."""
+def test_new_sizes_share_one_generator_program(monkeypatch):
+    """Sizes never seen before (a test's tensors, data-dependent sizes) each compile
+    only what turns bits into values; threefry's generator, which XLA compiles 3-5x
+    slower, is compiled once for all the sizes of its bucket and every op and dtype."""
     programs = count_compiles(monkeypatch)
     torch.manual_seed(0)
-    sizes = [(33, 3), (101,), (7, 7, 2), (120,), (5, 21)]  # all in (65, 128]
+    sizes = [(33, 3), (101,), (7, 7, 2), (120,), (5, 21)]  # all in (64, 128]
     with torch.tpu.set_eager_mode("strict"):
         for size in sizes:
             values = torch.randint(3, 9, size, device="tpu").cpu()
             assert values.min() >= 3 and values.max() < 9
             assert values.unique().numel() == 6
-    assert programs.count("aten::random_.from") <= 2  # (fewer when the disk cache had them)
-    assert programs.count("aten::copy_.default") <= len(sizes)
+            assert torch.rand(size, device="tpu", dtype=torch.float64).unique().numel() > 90
+    generators = [name for name in programs if name.startswith("rng")]
+    assert set(generators) <= {"rng bits 128"} and len(generators) <= 1, generators

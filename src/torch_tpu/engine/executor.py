@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException
 
 from .. import cache, dtypes, memory_errors, metrics, precision, rng, strided
 from ..ops.pointwise import convert, scalar_type_name
-from ..ops.registry import Lowering
+from ..ops.registry import Lowering, take_result_prefix
 from ..tensor import Fresh, new_tensor, storage_of, view_of
 from . import (
     arguments,
@@ -34,7 +34,7 @@ from . import (
     fastpath,
     fuse,
     modes,
-    random_buckets,
+    predrawn,
     refusals,
 )
 from .schema import Kind, OpSchema
@@ -225,6 +225,9 @@ class _Executable:
     # strict mode's repeat calls of a plain entry (`_plain_call`): None until it first
     # ran, False for an entry that is not plain
     plain: object = None
+    # elements an elementwise draw takes predrawn bits for in strict and debug modes
+    # (engine/predrawn.py), fixed per entry: its executable takes one kind of rng input
+    predrawn: int = 0
 
 
 _CACHE: dict[tuple, _Executable] = {}
@@ -269,8 +272,6 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
     metrics.count("ops_dispatched")
     check = spec.lowering.check
     if entry is None:
-        if random_buckets.serves(spec, values, key):  # (the call it makes checks it)
-            return random_buckets.draw(spec, values)
         # PyTorch's checks its meta kernels miss; a True verdict means "depends on
         # values": run again on every call of this key (index bounds, mask counts)
         recheck = check is not None and bool(check(values))
@@ -279,6 +280,7 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
             return _run_unjitted(spec, values, layout, inputs)
         entry = _CACHE[key] = _build(spec, values, layout)
         entry.recheck = recheck
+        entry.predrawn = _predrawn_elements(spec, values)
     else:
         metrics.count("cache_hits")
         if check is not None and (entry.recheck or modes.current is _DEBUG):
@@ -322,10 +324,24 @@ def _plain_call(spec: OpSpec, entry: _Executable):
     return plain
 
 
-def _key_inputs(spec: OpSpec):
+def _key_inputs(spec: OpSpec, predrawn_elements: int = 0):
+    """A random op's key, or the bits of a draw of `predrawn_elements` (engine/predrawn.py)."""
     if not spec.lowering.random:
         return ()
-    return (rng.key(*rng.next_key_inputs()),)
+    seed, counter = rng.next_key_inputs()
+    if predrawn_elements:
+        return (predrawn.bits(seed, counter, predrawn_elements),)
+    return (rng.key(seed, counter),)
+
+
+def _predrawn_elements(spec: OpSpec, values: list) -> int:
+    """For an elementwise draw into `self` that predrawn bits serve, its element count."""
+    if not spec.lowering.elementwise_draw:
+        return 0
+    target = values[0]
+    n = target.numel()
+    return n if predrawn.serves(n) and not target.is_complex() else 0  # (complex normal_
+    # draws from a split key)
 
 
 # what a random op's program takes where its key goes (`rng.key`'s result)
@@ -356,7 +372,7 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
     buffers it overwrites when nothing else holds them (engine/donation.py)."""
     arrays = tuple([s.array() for s in storages])
     dynamic = fastpath.device_scalars(dynamic)
-    key_inputs = _key_inputs(spec)
+    key_inputs = _key_inputs(spec, entry.predrawn)
     written = entry.donated_slots
     if written and donation.possible(arrays, written) and not (
         modes.check_nans and modes.current is _DEBUG
@@ -862,7 +878,7 @@ def _program(
             failures = lowering.device_check(*lowering_inputs)
             new[flag_slot] = device_asserts.fold(storages[flag_slot], failures, spec.schema.name)
         if lowering.random:
-            lowering_inputs.insert(0, key_inputs[0])
+            lowering_inputs.insert(0, predrawn.as_key(key_inputs[0]))
         outputs = lowering.fn(*lowering_inputs, **extra)
         if len(spec.targets) == 1 or not isinstance(outputs, (tuple, list)):
             outputs = (outputs,)
@@ -934,8 +950,13 @@ def _run_unjitted(spec: OpSpec, values: list, layout: tuple, inputs: _Inputs):
     program = _program(as_fresh, layout, None, ())
     dynamic = tuple(jnp.asarray(v) for v in inputs.dynamic)  # run outside jit
     with lowering_errors(spec.schema.name):
+        take_result_prefix()
         fresh, _ = program(arrays, dynamic, _key_inputs(spec))
+        prefix = take_result_prefix()
     tensors = [_wrap(_meta_of(f), f) for f in fresh]
+    if prefix is not None:  # (a view of a bucket-sized result: ops/registry.result_prefix)
+        axis, length = prefix
+        tensors[0] = tensors[0].narrow(axis, 0, length)
     results = []
     for target, tensor in zip(spec.targets, tensors):
         if target is None:

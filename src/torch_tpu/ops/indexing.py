@@ -23,7 +23,7 @@ from torch._prims_common import canonicalize_dim
 
 from .. import dtypes
 from .pointwise import check_fill_value, scalar_type_name
-from .registry import lower
+from .registry import lower, result_prefix
 
 _MASK_DTYPES = (jnp.bool_, jnp.uint8)
 
@@ -64,8 +64,16 @@ def _true_count(mask, shape=None) -> int:
 
 
 @functools.partial(jax.jit, static_argnums=1)
-def _argwhere(x, count):
-    return jnp.argwhere(x, size=count).astype(jnp.int64)
+def _argwhere(x, size):
+    """The first `size` True positions, padded with zeros (valid positions)."""
+    return jnp.argwhere(x, size=size, fill_value=0).astype(jnp.int64)
+
+
+def _bucket(count: int) -> int:
+    """A power of two >= count: results of data-dependent length are computed at this
+    length and viewed at theirs (registry.result_prefix), so a new True count compiles
+    nothing until it leaves its bucket."""
+    return max(16, 1 << max(count - 1, 0).bit_length())
 
 
 def _concrete_indices(indices) -> list:
@@ -78,6 +86,15 @@ def _concrete_indices(indices) -> list:
         else:
             out.append(ix)
     return out
+
+
+def _leading_mask(indices) -> bool:
+    """A bool mask is the only index and indexes the leading dims (`x[mask]`): the result
+    is the selected rows in order, contiguous, along axis 0. (With no elements there is
+    no valid position to pad with.)"""
+    given = [ix for ix in indices if ix is not None]
+    mask = given[0] if len(given) == 1 else None
+    return indices[0] is mask and _is_mask(mask) and mask.size > 0 and mask.ndim > 0
 
 
 # ------------------------------------------------------------ argument checks
@@ -293,6 +310,12 @@ def _has_mask(values) -> bool:
 def index(self, indices):
     """Dynamic only when a bool mask's True count sets the shape; integer indices
     run as one cached executable (and fuse in fused mode)."""
+    if _leading_mask(indices):
+        mask = indices[0]
+        count = _true_count(mask)
+        positions = _argwhere(mask, _bucket(count))
+        rows = _gather_indexed(self, [positions[:, d] for d in range(mask.ndim)])
+        return result_prefix(rows, 0, count)
     return _gather_indexed(self, _concrete_indices(indices))
 
 
@@ -665,20 +688,21 @@ def masked_scatter_backward(grad_output, mask, sizes):
 
 
 @functools.partial(jax.jit, static_argnums=2)
-def _masked_select(self, mask, count):
+def _masked_select(self, mask, size):
     self, mask = jnp.broadcast_arrays(self, mask)
-    return self.reshape(-1)[jnp.nonzero(mask.reshape(-1), size=count)[0]]
+    return self.reshape(-1)[jnp.nonzero(mask.reshape(-1), size=size, fill_value=0)[0]]
 
 
 @lower("masked_select.default", dynamic_shape=True)
 def masked_select(self, mask):
     count = _true_count(mask, jnp.broadcast_shapes(self.shape, mask.shape))
-    return _masked_select(self, mask, count)
+    return result_prefix(_masked_select(self, mask, _bucket(count)), 0, count)
 
 
 @lower("nonzero.default", dynamic_shape=True)
 def nonzero(self):
-    return _argwhere(self, _true_count(self))
+    count = _true_count(self)
+    return result_prefix(_argwhere(self, _bucket(count)), 0, count)
 
 
 @lower("nonzero_static.default")

@@ -12,6 +12,7 @@ all call the same function.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ class Lowering:
     static_scalars: bool = False  # Scalars are compile-time constants (arange's bounds)
     random: bool = False  # fn takes a jax PRNG key as its first argument
     # a random op filling self whose every element is drawn from the key and its flat
-    # index alone: a larger 1-D draw holds this one as its prefix (engine/random_buckets)
+    # index alone: a larger 1-D draw holds this one as its prefix (engine/predrawn)
     elementwise_draw: bool = False
     # output shape depends on values: runs un-jitted. A callable decides per call, from
     # the op's bound arguments (index.Tensor: only when an index is a bool mask).
@@ -57,6 +58,24 @@ class Lowering:
 
 
 LOWERINGS: dict[str, Lowering] = {}
+
+_prefix = threading.local()
+
+
+def result_prefix(array, axis: int, length: int):
+    """From a lowering run unjitted (`dynamic_shape`): its result is the first `length`
+    entries of `array` along `axis`. The executor makes that a view, so that `array`
+    can have a bucket's size: one program for every count in the bucket, where a
+    result of exactly `length` entries (a bool mask's True count) compiled per count."""
+    _prefix.value = (axis, length)
+    return array
+
+
+def take_result_prefix() -> tuple[int, int] | None:
+    """(axis, length) noted by the lowering that just ran, once."""
+    value = getattr(_prefix, "value", None)
+    _prefix.value = None
+    return value
 
 
 def in_memory_format(result, memory_format: torch.memory_format):
