@@ -110,16 +110,23 @@ def _maybe_warn(code: tuple[str, str]) -> None:
     changed = _changed_inputs[code].most_common(1)
     if changed:
         culprit, times = changed[0]
-        what = f"{culprit} changed shape or dtype in {times} of them"
-    else:  # (strides, storage offsets or sizes fixed in the program changed)
-        what = "no input changed shape or dtype (their strides or storage offsets did)"
+        advice = (
+            f"{culprit} changed shape or dtype in {times} of them. Every new shape is a new "
+            "XLA compile: pad or bucket that input to a few fixed shapes: under "
+            "torch.compile, mark the dimension dynamic (torch._dynamo.mark_dynamic or "
+            "dynamic=True) and pass options={'bucket_size': N} or "
+            "{'num_dynamic_buckets': K}; in eager, pad with "
+            "torch_tpu.bucketing.pad_to_bucket (docs/serving.md)."
+        )
+    else:
+        advice = (
+            "no input changed shape or dtype; what did is compiled into the program: an "
+            "input's strides or storage offset (a view: pass a contiguous copy), or an "
+            "argument an op takes as a constant (dims, a tolerance, a size: pass the same "
+            "values each time)."
+        )
     warnings.warn(
-        f"torch_tpu: {kind} {name!r} was recompiled {_recompiles[code]} times; {what}. "
-        "Every new shape is a new XLA compile: "
-        "pad or bucket that input to a few fixed shapes: under torch.compile, mark the "
-        "dimension dynamic (torch._dynamo.mark_dynamic or dynamic=True) and pass "
-        "options={'bucket_size': N} or {'num_dynamic_buckets': K}; in eager, pad with "
-        "torch_tpu.bucketing.pad_to_bucket (docs/serving.md).",
+        f"torch_tpu: {kind} {name!r} was recompiled {_recompiles[code]} times; {advice}",
         RuntimeWarning,
         stacklevel=4,
     )
