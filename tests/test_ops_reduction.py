@@ -354,6 +354,51 @@ def test_out_and_inplace_variants():
     assert_same(fn, x)
 
 
+_REDUCTIONS_INTO_OUT = {
+    "sum": lambda t, out: torch.sum(t, 0, out=out),
+    "nansum": lambda t, out: torch.nansum(t, 0, out=out),
+    "mean": lambda t, out: torch.mean(t, 0, out=out),
+    "prod": lambda t, out: torch.prod(t, 0, out=out),
+    "cumsum": lambda t, out: torch.cumsum(t, 0, out=out),
+    "cumprod": lambda t, out: torch.cumprod(t, 0, out=out),
+}
+_INTO_OUT_DTYPES = [
+    (torch.float32, torch.float64),
+    (torch.float16, torch.float32),
+    (torch.bfloat16, torch.float64),
+    (torch.float32, torch.int64),
+    (torch.int64, torch.float32),
+    (torch.complex64, torch.complex128),
+    (torch.float64, torch.float32),
+]
+
+
+@pytest.mark.parametrize("case", sorted(_REDUCTIONS_INTO_OUT))
+@pytest.mark.parametrize("src,dst", _INTO_OUT_DTYPES, ids=str)
+def test_reductions_compute_in_the_dtype_of_their_out(case, src, dst):
+    """CPU's sum/mean/prod/cumsum/cumprod into an out= of another dtype compute in out's
+    dtype (a float32 sum into float64 accumulates in float64); tpu computed in the
+    input's and cast: a silently different value. What CPU refuses, tpu refuses."""
+    x = (torch.randn(40, 3) * 3).to(src)
+    fn = _REDUCTIONS_INTO_OUT[case]
+    results = []
+    for d in ("cpu", "tpu"):
+        try:
+            results.append(fn(x.to(d), torch.empty(0, dtype=dst, device=d)).cpu())
+        except (RuntimeError, NotImplementedError) as error:
+            results.append(type(error))
+    expected, got = results
+    if isinstance(expected, type):
+        assert got is expected
+        return
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    if dst.is_floating_point or dst.is_complex:  # (summation order: XLA's, not CPU's)
+        tolerance = 64 * torch.finfo(dst).eps * expected.abs().max().item()
+        assert (got - expected).abs().max().item() <= tolerance
+    else:
+        assert torch.equal(got, expected)
+
+
 # ---------------------------------------------------------------- backward
 
 GRADS = {

@@ -9,6 +9,7 @@ decomposition where one exists, else the CPU fallback.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
@@ -99,9 +100,46 @@ def _flip_dims(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return (self, dims), kwargs
 
 
-# ops whose arguments PyTorch treats as a set, put in one order before the executor keys
-# the call on them
-_CANONICAL_ARGS = {"flip.default": _flip_dims}
+def _dtype_from_out(args: tuple, kwargs: dict, kernel: str | None = None):
+    """CPU's reductions into out= compute in out's dtype when no dtype is given (a float32
+    sum into a float64 out accumulates in float64; into an int64 out it sums the
+    truncated elements), as if called with dtype=out.dtype; tpu rounded to the input's
+    dtype first. `kernel` names a CPU kernel written for floating types only: mean (an
+    integer input or out is refused by its checks) and nansum (refuses an integer out)."""
+    from ..ops.pointwise import scalar_type_name  # (the ops import JAX: not at start-up)
+
+    out = kwargs.get("out")
+    if kwargs.get("dtype") is not None or not isinstance(out, torch.Tensor):
+        return args, kwargs
+    if kernel == "nansum_cpu" and not _inexact(out):
+        raise NotImplementedError(
+            f'"nansum_cpu" not implemented for \'{scalar_type_name(out.dtype)}\''
+        )
+    if kernel != "mean" or (_inexact(args[0]) and _inexact(out)):
+        kwargs = {**kwargs, "dtype": out.dtype}
+    return args, kwargs
+
+
+def _inexact(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+_MEAN_DTYPE_FROM_OUT = functools.partial(_dtype_from_out, kernel="mean")
+
+# Ops whose arguments are put in CPU's canonical form before the executor keys the call:
+# flip's dims are a set; these reductions' out= overloads take their dtype from out.
+_CANONICAL_ARGS = {
+    "flip.default": _flip_dims,
+    "sum.IntList_out": _dtype_from_out,
+    "sum.out": _dtype_from_out,
+    "nansum.out": functools.partial(_dtype_from_out, kernel="nansum_cpu"),
+    "prod.int_out": _dtype_from_out,
+    "prod.out": _dtype_from_out,
+    "cumsum.out": _dtype_from_out,
+    "cumprod.out": _dtype_from_out,
+    "mean.out": _MEAN_DTYPE_FROM_OUT,
+    "mean.dtype_out": _MEAN_DTYPE_FROM_OUT,
+}
 
 
 def _register_spec(name: str, spec: executor.OpSpec, category: str) -> None:
