@@ -145,6 +145,26 @@ def test_copies_with_dtype_conversion_and_non_blocking():
     assert tpu.to("tpu:0") is tpu
 
 
+@pytest.mark.parametrize(
+    "send",
+    [
+        lambda t: t.to("tpu"),
+        lambda t: torch.empty(3, device="tpu").copy_(t),
+        lambda t: torch.tensor(t.tolist(), device="tpu").copy_(t),
+    ],
+    ids=["to", "copy_", "copy_ again"],
+)
+def test_a_cpu_tensor_copied_to_tpu_stays_resizable_and_its_own(send):
+    """The copy read the CPU tensor through `.numpy()`, which marks its storage not
+    resizable: `resize_` of a tensor ever sent to tpu raised (also an out= resize)."""
+    cpu = torch.ones(3)
+    on_tpu = send(cpu)
+    cpu.add_(1)  # (the device holds its own copy)
+    cpu.resize_(7)
+    torch.sum(torch.ones(2, 4), 0, out=cpu)
+    assert cpu.shape == (4,) and torch.equal(on_tpu.cpu(), torch.ones(3))
+
+
 def test_to_tpu_matches_pytorchs_to_copy_in_every_case():
     """`.to("tpu")` of a contiguous CPU tensor is one upload (pinned._plain_upload); the
     other cases keep PyTorch's kernel. Both give what the CPU gives, strides included."""

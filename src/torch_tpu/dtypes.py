@@ -59,9 +59,12 @@ def to_torch(dtype) -> torch.dtype:
 
 
 def numpy_from_cpu(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a CPU tensor's contiguous data, bfloat16 and float8 included."""
+    """A numpy copy of a CPU tensor's data, C-contiguous, bfloat16 and float8 included.
+    Never a view: `.numpy()` marks the storage it views as not resizable (a CPU tensor
+    once copied to tpu could no longer be resized), and XLA:CPU may wrap the buffer it
+    is given, which a later in-place change of the CPU tensor must not reach."""
     to_jax(t.dtype)  # (a dtype we cannot hold is named, not left to numpy's error)
-    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    t = t.detach().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
     carrier = _HOST_CARRIER.get(t.dtype)
     if carrier is None:
         return t.numpy()

@@ -133,7 +133,7 @@ class HostCopies:
         if array is None:
             if len(_ARRAYS) >= _MAX_ARRAYS:
                 _ARRAYS.clear()
-            array = _ARRAYS[key] = platform.put(host.copy())
+            array = _ARRAYS[key] = platform.put(host)  # (numpy_from_cpu's copy: private)
         copy = self.tensors.get(k)
         if copy is None or copy.dtype != t.dtype:
             copy = self.tensors[k] = new_tensor((), t.dtype, array)

@@ -986,10 +986,10 @@ def upload(cpu: torch.Tensor) -> torch.Tensor:
     """A tpu copy of a CPU tensor (contiguous)."""
     from .. import platform
 
-    # A private host copy: XLA:CPU may wrap the buffer it is given (and other platforms
-    # read it asynchronously), so a later in-place change to the CPU tensor must not
-    # reach the buffer the device reads.
-    host = dtypes.numpy_from_cpu(cpu).copy()  # (of cpu's shape: see tensor.py)
+    # A private host copy (numpy_from_cpu's): XLA:CPU may wrap the buffer it is given
+    # (and other platforms read it asynchronously), so a later in-place change to the
+    # CPU tensor must not reach the buffer the device reads.
+    host = dtypes.numpy_from_cpu(cpu)  # (of cpu's shape: see tensor.py)
     return new_tensor(tuple(cpu.shape), cpu.dtype, platform.put(host))
 
 
