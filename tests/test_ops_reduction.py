@@ -354,6 +354,39 @@ def test_out_and_inplace_variants():
     assert_same(fn, x)
 
 
+_NO_DEGREES_OF_FREEDOM = {
+    "var": lambda t: torch.var(t, dim=-1, correction=20),
+    "std": lambda t: torch.std(t, dim=-1, correction=21),
+    "var_mean": lambda t: torch.var_mean(t, dim=-1, correction=25),
+    "std_mean": lambda t: torch.std_mean(t, correction=200),
+    "one element": lambda t: torch.var(t[:, :1], dim=-1),
+    "enough": lambda t: torch.var(t, dim=(0, 1), correction=199),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_NO_DEGREES_OF_FREEDOM))
+def test_no_degrees_of_freedom_warns_at_every_call_as_cpu(eager_mode, case):
+    """CPU's kernel warns (and gives inf/nan); tpu was silent for real dtypes."""
+    x = torch.randn(10, 20)
+    fn = _NO_DEGREES_OF_FREEDOM[case]
+    caught = {}
+    for device in ("cpu", "tpu", "tpu"):  # (the repeat call too: CPU warns every time)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            fn(x.to(device))
+        words = [str(w.message).partition(" (Triggered")[0] for w in seen]
+        caught.setdefault(device, []).append([w for w in words if "freedom" in w])
+    assert caught["tpu"] == caught["cpu"] * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same(fn, x)  # (inf and nan where CPU gives them)
+
+
+@pytest.mark.parametrize("op", [torch.argmax, torch.argmin, torch.amax, torch.sum])
+def test_more_than_64_dims_are_refused_as_cpu(op):
+    assert_same_error(lambda d: op(torch.ones([1] * 65, device=d), 0))
+
+
 _REDUCTIONS_INTO_OUT = {
     "sum": lambda t, out: torch.sum(t, 0, out=out),
     "nansum": lambda t, out: torch.nansum(t, 0, out=out),

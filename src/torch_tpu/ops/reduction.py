@@ -9,6 +9,7 @@ through min/max and sorts last ascending), and ties pick the first index.
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +70,7 @@ def _check_empty_extremes(name: str, all_dims_error: type = RuntimeError):
 
     def check(values: list) -> bool:
         self, dim = values[0], values[1]
+        _check_dims(values)  # (argmax's and argmin's meta kernels take more than 64)
         if not_bool is not None:
             not_bool(values)
         if self.numel():
@@ -295,22 +297,48 @@ def _var_mean(x, dim, correction, keepdim):
     return var, _squeeze(mean, axes, keepdim)
 
 
-@lower("var.correction", check=_check_floating)
+def _check_moments(name: str, floating: bool = True):
+    """CPU's dtype refusal (var, std) and its warning for no degrees of freedom, which
+    CPU's kernel gives at every call (complex inputs reach it through PyTorch's
+    decomposition already)."""
+
+    def check(values: list) -> bool:
+        if floating:
+            _check_floating(values)
+        self, dim, correction = values[0], values[1], values[2]
+        if self.is_complex():
+            return False
+        dims = range(self.dim()) if dim is None or dim == [] else dim
+        factor = math.prod(self.shape[canonicalize_dim(self.dim(), d)] for d in dims)
+        if factor - (1 if correction is None else correction) > 0:
+            return False
+        warnings.warn(
+            f"{name}(): degrees of freedom is <= 0. Correction should be strictly less than "
+            "the reduction factor (input numel divided by output numel).",
+            UserWarning,
+            stacklevel=2,
+        )
+        return True  # (warn again at every call, as CPU)
+
+    return check
+
+
+@lower("var.correction", check=_check_moments("var"))
 def var(self, dim=None, correction=None, keepdim=False):
     return _var_mean(self, dim, correction, keepdim)[0]
 
 
-@lower("std.correction", check=_check_floating)
+@lower("std.correction", check=_check_moments("std"))
 def std(self, dim=None, correction=None, keepdim=False):
     return jnp.sqrt(_var_mean(self, dim, correction, keepdim)[0])
 
 
-@lower("var_mean.correction")
+@lower("var_mean.correction", check=_check_moments("var_mean", floating=False))
 def var_mean(self, dim=None, correction=None, keepdim=False):
     return _var_mean(self, dim, correction, keepdim)
 
 
-@lower("std_mean.correction")
+@lower("std_mean.correction", check=_check_moments("std_mean", floating=False))
 def std_mean(self, dim=None, correction=None, keepdim=False):
     var_, mean = _var_mean(self, dim, correction, keepdim)
     return jnp.sqrt(var_), mean
