@@ -382,6 +382,23 @@ def test_no_degrees_of_freedom_warns_at_every_call_as_cpu(eager_mode, case):
         assert_same(fn, x)  # (inf and nan where CPU gives them)
 
 
+@pytest.mark.parametrize(
+    "reduce",
+    [
+        lambda t: t.sum((0, 0)),
+        lambda t: t.mean((1, -2)),
+        lambda t: t.var((2, 2)),
+        lambda t: torch.logsumexp(t, (0, 0)),
+        lambda t: torch.linalg.vector_norm(t, dim=(0, 0)),
+        lambda t: t.amax((0, 1, 0)),
+    ],
+    ids=["sum", "mean", "var", "logsumexp", "vector_norm", "amax"],
+)
+def test_a_dim_named_twice_is_refused_in_cpus_words(eager_mode, reduce):
+    """(PyTorch's Python meta functions say "duplicate value in the list of dims")"""
+    assert_same_error(lambda d: reduce(torch.randn(3, 4, 5, device=d)))
+
+
 @pytest.mark.parametrize("op", [torch.argmax, torch.argmin, torch.amax, torch.sum])
 def test_more_than_64_dims_are_refused_as_cpu(op):
     assert_same_error(lambda d: op(torch.ones([1] * 65, device=d), 0))

@@ -525,8 +525,25 @@ def _meta_run(spec: OpSpec, values: list):
     except RuntimeError as e:
         if str(e).startswith(_REFS_BROADCAST):
             _raise_as_tensor_iterator(spec, values)
+        if str(e) == "duplicate value in the list of dims":
+            _raise_repeated_dim(spec, values)
         raise
     return meta_values, result, out_dtypes
+
+
+def _raise_repeated_dim(spec: OpSpec, values: list) -> None:
+    """CPU's words for a dim list naming a dim twice (PyTorch's Python meta functions
+    say "duplicate value"): the first repeated dim, wrapped, as CPU's bitset finds it."""
+    names = [arg.name for arg in spec.schema.args]
+    name = "dim" if "dim" in names else "dims"  # (flip's)
+    if name not in names or not isinstance(values[0], torch.Tensor):
+        return
+    ndim, seen = max(values[0].dim(), 1), set()
+    for d in values[names.index(name)] or ():
+        d = d % ndim if -ndim <= d < ndim else d
+        if d in seen:
+            raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
+        seen.add(d)
 
 
 # PyTorch's Python meta functions of elementwise ops word broadcast errors otherwise
