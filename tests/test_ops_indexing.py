@@ -1,6 +1,8 @@
 """Indexing family on tpu agrees with the CPU: advanced indexing, gather/scatter,
 masks, unique, searching and binning, forward and backward, without CPU fallback."""
 
+import warnings
+
 import pytest
 import torch
 from conftest import (
@@ -293,6 +295,25 @@ def test_masks_grad():
 def test_nonzero_scalar_and_empty():
     assert_same(lambda t: t.nonzero(), torch.tensor(2.0))
     assert_same(lambda t: t.nonzero(), torch.zeros(3, 0))
+
+
+def test_searchsorted_warns_of_non_contiguous_inputs_as_cpu():
+    """CPU's kernel warns (once per process; always under set_warn_always); the check
+    that runs it for tpu gave it contiguous stand-ins."""
+    b = torch.tensor([[[1, 3, 5], [2, 4, 6]], [[1, 2, 3], [4, 5, 6]]]).permute(2, 1, 0)
+    caught = []
+    torch.set_warn_always(True)
+    try:
+        for device in ("cpu", "tpu"):
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                torch.searchsorted(b.double().to(device), b.int().to(device))
+            words = [str(w.message)[:60] for w in seen]
+            caught.append(sorted(w for w in words if "contiguous" in w))
+    finally:
+        torch.set_warn_always(False)
+    assert caught[0] == caught[1] and len(caught[0]) == 2
+    assert_same(lambda s, v: torch.searchsorted(s, v), b.double(), b.int())
 
 
 _SELECTIONS = {

@@ -870,11 +870,16 @@ def _search(sorted_sequence, values, right, side, sorter, out_int32):
     return found.reshape(values.shape).astype(out_dtype)
 
 
+def _cpu_stand_in(t: torch.Tensor) -> torch.Tensor:
+    """Zeros laid out as t (strides too: CPU's kernel warns about non-contiguous inputs)."""
+    if t.numel() == 0:
+        return torch.zeros(t.shape, dtype=t.dtype)
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return torch.zeros(span, dtype=t.dtype).as_strided(t.shape, t.stride())
+
+
 def _cpu_stand_ins(values: list) -> list:
-    return [
-        torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
-        for v in values
-    ]
+    return [_cpu_stand_in(v) if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def _check_searchsorted(values: list) -> bool:
