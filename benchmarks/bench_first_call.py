@@ -3,7 +3,7 @@
 Every figure comes from a fresh process with an empty, private compilation
 cache (a temporary TORCH_TPU_CACHE_DIR), in strict mode:
 
-1. ~30 common ops, each called at shapes it has not seen: the wall time of each
+1. ~35 common ops, each called at shapes it has not seen: the wall time of each
    such call (median, p90), split into phases — PyTorch's meta kernel
    (`executor._meta_run`), the check of CPU's dtype refusals (`refusals.check`),
    JAX tracing, lowering to StableHLO, the cache key
@@ -147,6 +147,9 @@ def _op_cases():
             lambda k: (r(m(k)), torch.randint(0, m(k)[1], (m(k)[0],))),
             F.cross_entropy,
         ),
+        ("randn_like", lambda k: (r(m(k)),), torch.randn_like),
+        ("randint_like", lambda k: (r(m(k)),), lambda a: torch.randint_like(a, 15, 100)),
+        ("isclose", lambda k: (r(m(k)), r(m(k))), torch.isclose),
     ]
 
 
