@@ -538,8 +538,9 @@ def _raise_repeated_dim(spec: OpSpec, values: list) -> None:
     name = "dim" if "dim" in names else "dims"  # (flip's)
     if name not in names or not isinstance(values[0], torch.Tensor):
         return
+    dims = values[names.index(name)]
     ndim, seen = max(values[0].dim(), 1), set()
-    for d in values[names.index(name)] or ():
+    for d in dims if isinstance(dims, (list, tuple)) else ():
         d = d % ndim if -ndim <= d < ndim else d
         if d in seen:
             raise RuntimeError(f"dim {d} appears multiple times in the list of dims")

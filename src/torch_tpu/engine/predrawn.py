@@ -32,13 +32,13 @@ from .. import cache, rng
 _SMALLEST_BUCKET = 64
 # beyond this many elements, the bucket's extra draws and memory (up to twice the
 # target's 8 bytes per element) outweigh a compile
-LARGEST_TARGET = 1 << 20
+_LARGEST_TARGET = 1 << 20
 _UINT = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32, 64: jnp.uint64}
 
 
 def serves(n: int) -> bool:
     """Whether an elementwise draw of n elements takes predrawn bits."""
-    return 0 < n <= LARGEST_TARGET and jax.config.jax_threefry_partitionable
+    return 0 < n <= _LARGEST_TARGET and jax.config.jax_threefry_partitionable
 
 
 def bucket_size(n: int) -> int:
