@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import random as _py_random
 
-import numpy as np
 import torch
 
 _seed: int = 67280421310721  # PyTorch's default CPU seed
@@ -47,34 +46,6 @@ def make_key(seed, counter):
     import jax  # here, not at import: torch.manual_seed reaches this module in CPU programs
 
     return jax.random.fold_in(jax.random.PRNGKey(seed), counter)
-
-
-_key_maker = None  # (seed, counter) -> key, compiled at the first eager random op
-
-
-def key(seed: int, counter: int):
-    """The PRNG key of (seed, counter) (`make_key`), made by one small executable
-    compiled once per process. An eager random op's program takes the key as an input:
-    deriving it inside every op's program cost each one's compile 120-145 ms on
-    XLA:CPU, about half of what a random op's program took to compile."""
-    global _key_maker, _forgets_on_clear
-    seed, counter = np.uint64(seed), np.uint64(counter)
-    if _key_maker is None:
-        from . import cache
-
-        if not _forgets_on_clear:
-            cache.on_clear(_forget_key_maker)
-            _forgets_on_clear = True
-        _key_maker = cache.compile(make_key, (seed, counter), kind="op", name="rng key")
-    return _key_maker(seed, counter)
-
-
-_forgets_on_clear = False  # the cache's on_clear hook is registered (once)
-
-
-def _forget_key_maker() -> None:
-    global _key_maker
-    _key_maker = None
 
 
 def draw(sample, key, shape: tuple, *args):

@@ -331,7 +331,7 @@ def _key_inputs(spec: OpSpec, predrawn_elements: int = 0):
     seed, counter = rng.next_key_inputs()
     if predrawn_elements:
         return (predrawn.bits(seed, counter, predrawn_elements),)
-    return (rng.key(seed, counter),)
+    return (predrawn.key(seed, counter),)
 
 
 def _predrawn_elements(spec: OpSpec, values: list) -> int:
@@ -344,7 +344,7 @@ def _predrawn_elements(spec: OpSpec, values: list) -> int:
     # draws from a split key)
 
 
-# what a random op's program takes where its key goes (`rng.key`'s result)
+# what a random op's program takes where its key goes (`predrawn.key`'s result)
 _ABSTRACT_KEY = (jax.ShapeDtypeStruct((2,), np.uint32),)
 
 

@@ -1,4 +1,9 @@
-"""Random bits drawn ahead of a random op, by one program per size bucket.
+"""What an eager random op's program takes where its key goes: the key, or random
+bits drawn ahead of it by one program per size bucket.
+
+The key of `(seed, counter)` (`rng.make_key`) is made by one small executable
+compiled once per process (`key`): deriving it inside every op's program cost
+each one's compile 120-145 ms on XLA:CPU.
 
 A random op's program is mostly JAX's threefry generator, which XLA:CPU compiles
 in 110-250 ms even as a flat draw, against 35-45 ms for what the op does with
@@ -43,6 +48,20 @@ def serves(n: int) -> bool:
 
 def bucket_size(n: int) -> int:
     return max(_SMALLEST_BUCKET, 1 << (n - 1).bit_length())
+
+
+def key(seed: int, counter: int) -> jax.Array:
+    """The PRNG key of (seed, counter), `rng.make_key`'s."""
+    return _key_maker()(np.uint64(seed), np.uint64(counter))
+
+
+@functools.cache
+def _key_maker():
+    example = (np.uint64(0), np.uint64(0))
+    return cache.compile(rng.make_key, example, kind="op", name="rng key")
+
+
+cache.on_clear(_key_maker.cache_clear)
 
 
 def bits(seed: int, counter: int, n: int) -> jax.Array:
