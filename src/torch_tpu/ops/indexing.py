@@ -699,8 +699,23 @@ def masked_select(self, mask):
     return result_prefix(_masked_select(self, mask, _bucket(count)), 0, count)
 
 
+# Up to this many elements, nonzero computes its count and every possible position in
+# one program (one per shape: no second program per bucket of the count), at most
+# 8 bytes x ndim per element of padding
+_ONE_PROGRAM_NONZERO = 1 << 16
+
+
+@jax.jit
+def _count_and_argwhere(x):
+    positions = jnp.argwhere(x, size=x.size, fill_value=0).astype(jnp.int64)
+    return jnp.count_nonzero(x), positions
+
+
 @lower("nonzero.default", dynamic_shape=True)
 def nonzero(self):
+    if 0 < self.size <= _ONE_PROGRAM_NONZERO and self.ndim:
+        count, positions = _count_and_argwhere(self)
+        return result_prefix(positions, 0, int(count))
     count = _true_count(self)
     return result_prefix(_argwhere(self, _bucket(count)), 0, count)
 
