@@ -81,6 +81,16 @@ def hold_executables(monkeypatch) -> None:
     monkeypatch.setattr(cache, "_make_room", lambda: None)
 
 
+@pytest.fixture
+def compile_first_calls(monkeypatch) -> None:
+    """Strict mode compiles at a signature's first call, as with TORCH_TPU_HOSTED_CALLS=0:
+    for tests of what a warm-up compiles, or of what the compiled executable does
+    (donation), which the first calls served on the host (engine/host_moves.py) defer."""
+    from torch_tpu.engine import host_moves
+
+    monkeypatch.setattr(host_moves, "calls_before_compile", lambda: 0)
+
+
 def count_compiles(monkeypatch) -> list:
     """From now on, the name of every program the compilation cache is asked for."""
     from torch_tpu import cache

@@ -163,7 +163,7 @@ def test_tensor_saved_for_backward_then_modified(mode):
     torch.testing.assert_close(results["tpu"], results["cpu"])
 
 
-def test_out_index_put_and_copy_donate(mode):
+def test_out_index_put_and_copy_donate(mode, compile_first_calls):
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     ta, tb = a.to("tpu"), b.to("tpu")
     out_cpu, out = torch.empty(8, 8), torch.zeros(8, 8).to("tpu")

@@ -48,7 +48,7 @@ def _models(config):
 _SMALL = example.Config(vocab=64, hidden=32, layers=1, heads=2, kv_heads=1, ffn=32)
 
 
-def test_compiled_decode_loop_matches_cpu_and_compiles_nothing_after_warmup():
+def test_compiled_decode_loop_matches_cpu_and_compiles_nothing_after_warmup(compile_first_calls):
     """A batch in bucket 8, one in bucket 16, then back to bucket 8 with other prompt
     lengths: the return compiles nothing (prefill padded to the same bucket, decode steps
     one static graph, and no program depends on what ran in between). Its own model

@@ -261,7 +261,7 @@ def test_a_loop_over_columns_compiles_once_per_op(monkeypatch, eager_mode):
     assert programs == []
 
 
-def test_a_loop_over_rows_compiles_once_per_op(monkeypatch, eager_mode):
+def test_a_loop_over_rows_compiles_once_per_op(monkeypatch, eager_mode, compile_first_calls):
     """A view's storage offset is passed to the program at run time: a loop over the rows
     of a tensor compiled a program for every op at every row (25-30 ms each here), and a
     read of `x[i].item()` one for every i."""

@@ -73,6 +73,7 @@ VARIABLES: dict[str, Callable[[], object]] = {
     "TORCH_TPU_PLATFORM": _platform,
     "TORCH_TPU_FUSE_CAP": lambda: integer("TORCH_TPU_FUSE_CAP", 2048, 1),
     "TORCH_TPU_RECOMPILE_WARN_LIMIT": lambda: integer("TORCH_TPU_RECOMPILE_WARN_LIMIT", 8, 1),
+    "TORCH_TPU_HOSTED_CALLS": lambda: integer("TORCH_TPU_HOSTED_CALLS", 2, 0),
     "TORCH_TPU_CACHE_MAX_BYTES": lambda: integer("TORCH_TPU_CACHE_MAX_BYTES", 4 << 30, 0),
     "TORCH_TPU_PERSISTENT_CACHE": lambda: flag("TORCH_TPU_PERSISTENT_CACHE", True),
     "TORCH_TPU_CACHE_DIR": _path("TORCH_TPU_CACHE_DIR"),

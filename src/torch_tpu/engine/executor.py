@@ -33,6 +33,7 @@ from . import (
     donation,
     fastpath,
     fuse,
+    host_moves,
     modes,
     predrawn,
     refusals,
@@ -228,6 +229,10 @@ class _Executable:
     # elements an elementwise draw takes predrawn bits for in strict and debug modes
     # (engine/predrawn.py), fixed per entry: its executable takes one kind of rng input
     predrawn: int = 0
+    # strict mode's first calls of a data-movement program run on the host
+    # (engine/host_moves.py): its HostPlan, None until planned, False when it cannot
+    host_plan: object = None
+    hosted: int = 0  # first calls served: at host_moves.calls_before_compile(), compile
 
 
 _CACHE: dict[tuple, _Executable] = {}
@@ -259,6 +264,8 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
                 metrics.count_hit()
                 if modes.current is _STRICT:
                     plain = entry.plain
+                    if plain is None and entry.fn is not None:  # (its first call was hosted)
+                        plain = entry.plain = _plain_call(spec, entry)
                     if plain:
                         return plain(fast[1], fast[2])
                     return _execute(spec, entry, values, fast[1], fast[2])
@@ -370,9 +377,20 @@ def _record(spec: OpSpec, entry: _Executable, values: list, storages: list, dyna
 def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dynamic: list):
     """Run the executable now (strict and debug modes); an in-place op donates the
     buffers it overwrites when nothing else holds them (engine/donation.py)."""
+    first_calls = (
+        entry.fn is None
+        and modes.current is _STRICT
+        and entry.hosted < host_moves.calls_before_compile()
+    )
+    if first_calls and entry.predrawn and _drawn_in_bucket(spec, entry, values):
+        return values[0]
     arrays = tuple([s.array() for s in storages])
     dynamic = fastpath.device_scalars(dynamic)
     key_inputs = _key_inputs(spec, entry.predrawn)
+    if first_calls and entry.host_plan is not False and not spec.lowering.random:
+        served = _on_host(spec, entry, (arrays, dynamic, key_inputs))
+        if served is not None:
+            return _results(spec, entry, values, storages, *served)
     written = entry.donated_slots
     if written and donation.possible(arrays, written) and not (
         modes.check_nans and modes.current is _DEBUG
@@ -388,6 +406,38 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
     else:
         fresh, written = debug.run_blocking(spec, values, fn, arrays, dynamic, key_inputs)
     return _results(spec, entry, values, storages, fresh, written)
+
+
+def _on_host(spec: OpSpec, entry: _Executable, args: tuple):
+    """A first call's (fresh, written) computed on the host, or None: compile it."""
+    if entry.host_plan is None:
+        with lowering_errors(spec.schema.name):
+            entry.host_plan = host_moves.plan(entry.program, args) or False
+    if not entry.host_plan:
+        return None
+    entry.hosted += 1
+    return entry.host_plan(args)
+
+
+def _drawn_in_bucket(spec: OpSpec, entry: _Executable, values: list) -> bool:
+    """A first call of an elementwise draw into `self` at a new shape, run as the same
+    draw into a flat tensor of its predrawn bucket's size (one program per bucket,
+    dtype and argument kinds, not per shape) whose prefix is then copied into self (a
+    data-movement program: served on the host, engine/host_moves.py). Element i of a
+    draw depends on the key and i alone (`Lowering.elementwise_draw`) and the flat
+    draw takes the same one step of the counter, so self gets the values it would
+    have drawn itself. False when self is already such a flat tensor."""
+    target = values[0]
+    size = predrawn.bucket_size(entry.predrawn)
+    if (target.dim() == 1 and target.numel() == size) or any(
+        isinstance(v, torch.Generator) for v in values
+    ):
+        return False
+    entry.hosted += 1
+    flat = torch.empty(size, dtype=target.dtype, device=target.device)
+    _run(spec, (flat, *values[1:]), {})
+    target.copy_(flat[: target.numel()].view(target.shape))
+    return True
 
 
 def _results(spec: OpSpec, entry: _Executable, values: list, storages: list, fresh, written):
