@@ -345,11 +345,19 @@ def print_ops(label: str, result: dict) -> None:
         f"p90 {_pct(cpu, 0.9):.1f} ms)"
     )
     print_phases(new, len(new))
+    # every call at a new shape, those that compiled nothing included (a shape in a
+    # bucket already compiled, a data move served on the host: engine/host_moves.py)
+    every = [c["wall"] * 1e3 for c in calls]
+    print(
+        f"  every call at a new shape: {len(calls)} calls, {len(calls) - len(new)} compiled "
+        f"nothing; per call median {statistics.median(every):.1f} ms, p90 "
+        f"{_pct(every, 0.9):.1f} ms"
+    )
     by_op: dict[str, list[float]] = {}
-    for c in new:
+    for c in calls:
         by_op.setdefault(c["name"], []).append(c["wall"] * 1e3)
     shown = ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in by_op.items())
-    print(f"  per op (median ms): {shown}")
+    print(f"  per op, every call (median ms): {shown}")
 
 
 def print_phases(records: list[dict], n: int) -> None:

@@ -171,6 +171,7 @@ def compile(
     signature: list[tuple] | None = None,
     options: dict | None = None,
     donate_argnums: tuple[int, ...] = (),
+    traced=None,
 ) -> Callable:
     """An executable for fn at the avals of example_args, from memory, disk or XLA.
 
@@ -180,9 +181,11 @@ def compile(
     XLA compiler options for this executable, on top of any `compiler_options` block.
     donate_argnums: arguments whose buffers the executable may reuse for its results
     (they are deleted by each call; the lowered text records the aliasing, so the key
-    tells donating and plain executables apart).
+    tells donating and plain executables apart). traced: fn already traced at
+    example_args (`jax.jit(fn).trace`, no donation), by a caller that looked at it first.
     """
-    traced = _trace(fn, example_args, donate_argnums)
+    if traced is None or donate_argnums:
+        traced = _trace(fn, example_args, donate_argnums)
     lowered = _lower(traced)
     options = {**_default_options(kind, traced), **_options, **(options or {})}
     key = _key(_program_text(lowered), options)

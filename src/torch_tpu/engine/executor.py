@@ -233,6 +233,7 @@ class _Executable:
     # (engine/host_moves.py): its HostPlan, None until planned, False when it cannot
     host_plan: object = None
     hosted: int = 0  # first calls served: at host_moves.calls_before_compile(), compile
+    traced_at_first_call: object = None  # (the plan's trace, for the compile that follows)
 
 
 _CACHE: dict[tuple, _Executable] = {}
@@ -409,10 +410,12 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
 
 
 def _on_host(spec: OpSpec, entry: _Executable, args: tuple):
-    """A first call's (fresh, written) computed on the host, or None: compile it."""
+    """A first call's (fresh, written) computed on the host, or None: compile it (from
+    the trace the plan looked at, when it made one: `entry.traced_at_first_call`)."""
     if entry.host_plan is None:
         with lowering_errors(spec.schema.name):
-            entry.host_plan = host_moves.plan(entry.program, args) or False
+            plan, entry.traced_at_first_call = host_moves.plan(entry.program, args)
+        entry.host_plan = plan or False
     if not entry.host_plan:
         return None
     entry.hosted += 1
@@ -476,6 +479,7 @@ def _made(maker, value):
 
 
 def _compile(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple, key_inputs: tuple):
+    traced, entry.traced_at_first_call = entry.traced_at_first_call, None
     with lowering_errors(spec.schema.name):
         entry.fn = cache.compile(
             entry.program,
@@ -483,6 +487,7 @@ def _compile(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple, ke
             kind="op",
             name=entry.name,
             signature=entry.signature,
+            traced=traced,
         )
     entry.traced = True
     return entry.fn

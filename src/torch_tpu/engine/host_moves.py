@@ -78,15 +78,17 @@ class HostPlan:
         return jax.tree.unflatten(self.out_tree, on_device)
 
 
-def plan(program, args: tuple) -> HostPlan | None:
-    """How to run program(*args) on the host, or None when it does anything but move
-    data (or is too big to copy both ways)."""
+def plan(program, args: tuple) -> tuple[HostPlan | None, object]:
+    """(How to run program(*args) on the host, or None when it does anything but move
+    data or is too big to copy both ways; the program traced at args, for the cache to
+    compile without tracing it again, or None when it was not traced)."""
     if sum(getattr(a, "nbytes", 8) for a in jax.tree.leaves(args)) > _MAX_BYTES:
-        return None
-    closed, shapes = jax.make_jaxpr(program, return_shape=True)(*args)
+        return None, None
+    traced = jax.jit(program).trace(*args)
+    closed = traced.jaxpr
     if not _moves_only(closed.jaxpr) or sum(map(_nbytes, closed.out_avals)) > _MAX_BYTES:
-        return None
-    return HostPlan(closed, jax.tree.structure(shapes))
+        return None, traced
+    return HostPlan(closed, jax.tree.structure(traced.out_info)), traced
 
 
 def _nbytes(a) -> int:
