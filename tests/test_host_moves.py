@@ -188,6 +188,7 @@ def _draws(seed: int) -> list[torch.Tensor]:
             torch.empty(shape[::-1], device="tpu").permute(*range(len(shape))[::-1]).bernoulli_(0.3)
         )
         out.append(torch.randn(shape, device="tpu", dtype=torch.float64))
+        out.append(torch.randn(shape, device="tpu", dtype=torch.complex64))
     return [t.cpu() for t in out]
 
 

@@ -10,6 +10,7 @@ import torch
 from conftest import count_compiles, hold_executables
 
 import torch_tpu
+from torch_tpu.engine import predrawn
 
 N = 20_000
 
@@ -265,7 +266,7 @@ def test_new_sizes_share_one_generator_program(monkeypatch):
     slower, is compiled once for all the sizes of its bucket and every op and dtype."""
     programs = count_compiles(monkeypatch)
     torch.manual_seed(0)
-    sizes = [(33, 3), (101,), (7, 7, 2), (120,), (5, 21)]  # all in (64, 128]
+    sizes = [(33, 3), (101,), (7, 7, 2), (120,), (5, 21)]  # all in one bucket
     with torch.tpu.set_eager_mode("strict"):
         for size in sizes:
             values = torch.randint(3, 9, size, device="tpu").cpu()
@@ -273,4 +274,6 @@ def test_new_sizes_share_one_generator_program(monkeypatch):
             assert values.unique().numel() == 6
             assert torch.rand(size, device="tpu", dtype=torch.float64).unique().numel() > 90
     generators = [name for name in programs if name.startswith("rng")]
-    assert set(generators) <= {"rng bits 128"} and len(generators) <= 1, generators
+    bucket = f"rng bits {predrawn.bucket_size(120)}"
+    assert {predrawn.bucket_size(math.prod(size)) for size in sizes} == {predrawn.bucket_size(120)}
+    assert set(generators) <= {bucket} and len(generators) <= 1, generators

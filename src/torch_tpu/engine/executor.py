@@ -383,7 +383,7 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
         and modes.current is _STRICT
         and entry.hosted < host_moves.calls_before_compile()
     )
-    if first_calls and entry.predrawn and _drawn_in_bucket(spec, entry, values):
+    if first_calls and spec.lowering.elementwise_draw and _drawn_in_bucket(spec, entry, values):
         return values[0]
     arrays = tuple([s.array() for s in storages])
     dynamic = fastpath.device_scalars(dynamic)
@@ -429,11 +429,15 @@ def _drawn_in_bucket(spec: OpSpec, entry: _Executable, values: list) -> bool:
     data-movement program: served on the host, engine/host_moves.py). Element i of a
     draw depends on the key and i alone (`Lowering.elementwise_draw`) and the flat
     draw takes the same one step of the counter, so self gets the values it would
-    have drawn itself. False when self is already such a flat tensor."""
+    have drawn itself (complex draws too, which split their key and take no predrawn
+    bits: each half is elementwise). False when self is already such a flat tensor."""
     target = values[0]
-    size = predrawn.bucket_size(entry.predrawn)
-    if (target.dim() == 1 and target.numel() == size) or any(
-        isinstance(v, torch.Generator) for v in values
+    n = target.numel()
+    size = predrawn.bucket_size(n)
+    if (
+        not predrawn.serves(n)
+        or (target.dim() == 1 and n == size)
+        or any(isinstance(v, torch.Generator) for v in values)
     ):
         return False
     entry.hosted += 1

@@ -34,7 +34,10 @@ import numpy as np
 
 from .. import cache, rng
 
-_SMALLEST_BUCKET = 64
+# (small draws share one bucket: drawing 1024 elements costs microseconds, and every
+# bucket is a generator program, and a program per sampler and dtype for the draws at
+# new shapes that go through a flat tensor of their bucket's size, executor._drawn_in_bucket)
+_SMALLEST_BUCKET = 1024
 # beyond this many elements, the bucket's extra draws and memory (up to twice the
 # target's 8 bytes per element) outweigh a compile
 _LARGEST_TARGET = 1 << 20
