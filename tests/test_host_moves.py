@@ -142,6 +142,19 @@ def test_programs_with_arithmetic_or_large_data_still_compile(compiled_ops, monk
     assert "aten::flip.default" in compiled_ops
 
 
+def test_a_numpy_form_that_fails_falls_back_to_compiling(compiled_ops, monkeypatch):
+    def failing(*args, **params):
+        raise ValueError("a numpy form that fails")
+
+    monkeypatch.setitem(host_moves._RULES, "rev", failing)
+    cache.forget_lookups()
+    x = torch.randn(3, 11, 2).to("tpu")
+    failed = _count("first_calls_on_host_failed")
+    assert torch.equal(x.flip(1).cpu(), x.cpu().flip(1))
+    assert "aten::flip.default" in compiled_ops
+    assert _count("first_calls_on_host_failed") == failed + 1
+
+
 def test_only_strict_mode_serves_first_calls_on_the_host(compiled_ops):
     x = torch.randn(4, 3).to("tpu")
     with modes.set_eager_mode("defer_never_and_launch_blocking"):

@@ -58,14 +58,17 @@ class HostPlan:
         # the others: they decide nothing about its results)
 
     def __call__(self, args: tuple):
-        """The program's results for args, on the device; None if numpy typed one of
-        them otherwise than XLA would (then the caller compiles)."""
+        """The program's results for args, on the device; None (the caller compiles)
+        if numpy typed one of them otherwise than XLA would, or failed."""
         closed = self.closed
         leaves = jax.tree.leaves(args)
         host = [np.asarray(a, dtype=aval.dtype) for a, aval in zip(leaves, closed.in_avals)]
         try:
             results = _evaluate(closed.jaxpr, closed.consts, host)
         except _Inexact:
+            return None
+        except Exception:  # (a numpy form of ours that fails must not fail a call XLA runs)
+            metrics.count("first_calls_on_host_failed")
             return None
         for value, aval in zip(results, closed.out_avals):
             if value.shape != aval.shape or value.dtype != aval.dtype:
@@ -86,7 +89,11 @@ def plan(program, args: tuple) -> tuple[HostPlan | None, object]:
         return None, None
     traced = jax.jit(program).trace(*args)
     closed = traced.jaxpr
-    if not _moves_only(closed.jaxpr) or sum(map(_nbytes, closed.out_avals)) > _MAX_BYTES:
+    if (
+        not _moves_only(closed.jaxpr)
+        or sum(map(_nbytes, closed.out_avals)) > _MAX_BYTES
+        or any(len(a.shape) > _MAX_DIMS for a in (*closed.in_avals, *closed.out_avals))
+    ):
         return None, traced
     return HostPlan(closed, jax.tree.structure(traced.out_info)), traced
 
