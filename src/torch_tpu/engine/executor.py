@@ -396,6 +396,7 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
     if written and donation.possible(arrays, written) and not (
         modes.check_nans and modes.current is _DEBUG
     ):
+        entry.traced_at_first_call = None  # (the donating executable traces its own)
         fn = donation.executable(
             entry, arrays, dynamic, key_inputs, lowering_errors(spec.schema.name)
         )

@@ -700,9 +700,10 @@ def masked_select(self, mask):
 
 
 # Up to this many elements, nonzero computes its count and every possible position in
-# one program (one per shape: no second program per bucket of the count), at most
-# 8 bytes x ndim per element of padding
-_ONE_PROGRAM_NONZERO = 1 << 16
+# one program (one per shape: no second program per bucket of the count). Its result
+# is a view of that buffer, 8 bytes x ndim per input element (32 KiB per dim at most),
+# which the result keeps alive however few positions it holds
+_ONE_PROGRAM_NONZERO = 1 << 12
 
 
 @jax.jit
