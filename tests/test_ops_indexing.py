@@ -285,6 +285,39 @@ def test_masks(dtype):
     assert_same(lambda t: torch.nonzero_static(t, size=30), x)
 
 
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.int64, torch.int8, torch.bool, torch.float16]
+)
+@pytest.mark.parametrize(
+    "value",
+    [torch.tensor(-2), torch.tensor(3.7), torch.tensor(-2.7), torch.tensor(True),
+     torch.tensor([5.5]), torch.tensor(300), torch.tensor(1 + 2j)],
+    ids=lambda v: f"{v.dtype}{list(v.shape)}",
+)  # fmt: skip
+def test_one_host_value_through_a_lone_mask_as_cpu(dtype, value):
+    """`x[x > 0] = torch.tensor(-2)`: CPU writes a value on the host through a lone bool
+    mask with masked_fill_, so any dtype that converts is accepted (tpu refused all but
+    x's own); a value that cannot convert raises CPU's error. With a mask of x's shape
+    the write is a select (`_fills_through_a_mask`)."""
+
+    def write(device, where):
+        x = (torch.arange(6.0).reshape(2, 3) - 2).to(dtype).to(device)
+        mask = torch.tensor([True, False, True], device=device)
+        if where == "lone":
+            x[x != 0] = value
+        else:
+            x[:, mask] = value
+        return x
+
+    for where in ("lone", "after a colon"):
+        try:
+            expected = write("cpu", where)
+        except RuntimeError:
+            assert_same_error(lambda device, where=where: write(device, where))
+            continue
+        assert torch.equal(write("tpu", where).cpu(), expected), where
+
+
 def test_masks_grad():
     mask = _x() > 0
     assert_same_grad(lambda t, m: t.masked_fill(m, 2.0), _x(), mask)

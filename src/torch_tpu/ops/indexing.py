@@ -164,8 +164,14 @@ def _check_index_put(values: list) -> bool:
     self, indices, source = values[0], values[1], values[2]
     _check_indices(self, indices)
     if source.numel() == 1:
-        _check_single_byte_mask(indices, accumulate=len(values) > 3 and bool(values[3]))
-        _check_same_dtype(self, source)
+        accumulate = len(values) > 3 and bool(values[3])
+        _check_single_byte_mask(indices, accumulate)
+        if not accumulate and source.is_cpu and _lone_mask(indices):
+            # CPU writes a value on the host through a lone mask with masked_fill_(mask,
+            # value.item()): any dtype that converts, as CPU's masked_fill_ judges it
+            torch.zeros((), dtype=self.dtype).masked_fill_(torch.tensor(True), source.item())
+        else:
+            _check_same_dtype(self, source)
         return True
     shapes = []  # per index, the shape of the integer index it amounts to
     for ix in indices:
@@ -179,6 +185,11 @@ def _check_index_put(values: list) -> bool:
     _check_broadcast(tuple(source.shape), _indexed_meta_shape(tuple(self.shape), tuple(shapes)))
     _check_same_dtype(self, source)  # (after the shapes, as CPU: its message comes first)
     return True
+
+
+def _lone_mask(indices: list) -> bool:
+    given = [ix for ix in indices if ix is not None]
+    return len(given) == 1 and given[0].dtype == torch.bool
 
 
 def _check_single_byte_mask(indices: list, accumulate: bool) -> None:
@@ -381,6 +392,11 @@ def _put_indices(shape, indices, values):
 
 def _index_put(self, indices, values, accumulate):
     values = values.astype(self.dtype)
+    if _fills_through_a_mask(self, indices, values, accumulate):
+        # `x[mask] = v` with a mask of x's shape and one value (`x[x < 0] = 0`, PyTorch's
+        # make_tensor avoiding zeros): a select, not the mask's positions and a scatter;
+        # the same elements get the same value, and the program is a cheap one
+        return jnp.where(indices[0] != 0, values.reshape(()), self)
     indices, values = _put_indices(self.shape, indices, values)
     target, _ = _indexed_shape(self.shape, indices)
     extra = values.ndim - len(target)
@@ -390,6 +406,16 @@ def _index_put(self, indices, values, accumulate):
     if accumulate:
         return _reduce_at(self, where, values, "sum")
     return self.at[where].set(values, mode="drop")
+
+
+def _fills_through_a_mask(self, indices, values, accumulate) -> bool:
+    return (
+        not accumulate
+        and len(indices) == 1
+        and _is_mask(indices[0])
+        and indices[0].shape == self.shape
+        and values.size == 1
+    )
 
 
 @lower("index_put.default", check=_check_index_put, device_check=_indices_device_check)
