@@ -150,17 +150,17 @@ def _moves_only(jaxpr) -> bool:
 
 
 def _evaluate(jaxpr, consts, args) -> list:
-    env: dict = {}
+    bound: dict = {}
 
     def read(var):
         if isinstance(var, Literal):
             return np.asarray(var.val, dtype=var.aval.dtype)
-        return env[var]
+        return bound[var]
 
     for var, value in zip(jaxpr.constvars, consts):
-        env[var] = np.asarray(value)
+        bound[var] = np.asarray(value)
     for var, value in zip(jaxpr.invars, args):
-        env[var] = value
+        bound[var] = value
     for eqn in jaxpr.eqns:
         inputs = [read(v) for v in eqn.invars]
         name = eqn.primitive.name
@@ -171,7 +171,7 @@ def _evaluate(jaxpr, consts, args) -> list:
             result = _RULES[name](*inputs, **eqn.params)
             outputs = [np.asarray(result, dtype=eqn.outvars[0].aval.dtype)]
         for var, value in zip(eqn.outvars, outputs):
-            env[var] = value
+            bound[var] = value
     return [read(v) for v in jaxpr.outvars]
 
 
