@@ -3,7 +3,8 @@
 - A strict op whose program only moves data (flip, cat, a copy through strides)
   runs its first calls of a signature on the host (engine/host_moves.py): the
   result must equal CPU's and the compiled program's bit for bit, NaN payloads,
-  signed zeros and subnormals included, and the third call compiles.
+  signed zeros and subnormals included (bfloat16 up to what XLA:CPU's compiled
+  moves flush, docs/differences.md), and the third call compiles.
 - An elementwise draw's first calls at a new shape draw into a flat tensor of
   their bucket's size and copy its prefix: the values must be those the op draws
   itself (fused mode, which draws inside its programs, is the oracle).
