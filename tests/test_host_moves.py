@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 import torch
+from conftest import count_compiles
 
 from torch_tpu import cache, metrics
 from torch_tpu.engine import host_moves, modes
@@ -81,16 +82,8 @@ _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.complex64, torch.
 
 @pytest.fixture
 def compiled_ops(monkeypatch):
-    """The names of the per-op programs asked of the cache in the test."""
-    names = []
-    compile_ = cache.compile
-
-    def spy(fn, example_args, **kwargs):
-        names.append(kwargs["name"])
-        return compile_(fn, example_args, **kwargs)
-
-    monkeypatch.setattr(cache, "compile", spy)
-    return names
+    """The names of the programs asked of the cache in the test."""
+    return count_compiles(monkeypatch)
 
 
 @pytest.mark.parametrize("dtype", _DTYPES, ids=str)

@@ -223,14 +223,16 @@ class _Executable:
     # written_slots less the device-check flag's (engine/device_asserts.py): what strict
     # mode donates (a 4-byte flag is not worth a donating executable of its own)
     donated_slots: tuple[int, ...] = ()
-    # strict mode's repeat calls of a plain entry (`_plain_call`): None until it first
-    # ran, False for an entry that is not plain
+    # strict mode's repeat calls of a plain entry (`_plain_call`): None until it is
+    # compiled, False for an entry that is not plain
     plain: object = None
     # elements an elementwise draw takes predrawn bits for in strict and debug modes
     # (engine/predrawn.py), fixed per entry: its executable takes one kind of rng input
     predrawn: int = 0
     # strict mode's first calls of a data-movement program run on the host
-    # (engine/host_moves.py): its HostPlan, None until planned, False when it cannot
+    # (engine/host_moves.py), as an elementwise draw's run through its bucket: the
+    # HostPlan (True for a draw), None until planned, False when no more calls are
+    # served that way (or none can be)
     host_plan: object = None
     hosted: int = 0  # first calls served: at host_moves.calls_before_compile(), compile
     traced_at_first_call: object = None  # (the plan's trace, for the compile that follows)
@@ -265,8 +267,6 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
                 metrics.count_hit()
                 if modes.current is _STRICT:
                     plain = entry.plain
-                    if plain is None and entry.fn is not None:  # (its first call was hosted)
-                        plain = entry.plain = _plain_call(spec, entry)
                     if plain:
                         return plain(fast[1], fast[2])
                     return _execute(spec, entry, values, fast[1], fast[2])
@@ -304,8 +304,6 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
     result = _call(spec, entry, values, inputs)
     if fast is not None:  # it ran: later calls that look the same take the fast path
         fastpath.remember(fast[0], entry)
-        if entry.fn is not None and entry.plain is None:
-            entry.plain = _plain_call(spec, entry)
     return result
 
 
@@ -378,17 +376,17 @@ def _record(spec: OpSpec, entry: _Executable, values: list, storages: list, dyna
 def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dynamic: list):
     """Run the executable now (strict and debug modes); an in-place op donates the
     buffers it overwrites when nothing else holds them (engine/donation.py)."""
-    first_calls = (
-        entry.fn is None
-        and modes.current is _STRICT
-        and entry.hosted < host_moves.calls_before_compile()
-    )
-    if first_calls and spec.lowering.elementwise_draw and _drawn_in_bucket(spec, entry, values):
-        return values[0]
+    # (host_plan turns False when the first calls are over: a donating entry, whose fn
+    # stays None, pays only the first two tests from then on)
+    first_call = entry.fn is None and entry.host_plan is not False and modes.current is _STRICT
+    if first_call and spec.lowering.random:
+        if spec.lowering.elementwise_draw and _drawn_in_bucket(spec, entry, values):
+            return values[0]
+        entry.host_plan = first_call = False  # (no other random program is served)
     arrays = tuple([s.array() for s in storages])
     dynamic = fastpath.device_scalars(dynamic)
     key_inputs = _key_inputs(spec, entry.predrawn)
-    if first_calls and entry.host_plan is not False and not spec.lowering.random:
+    if first_call:
         served = _on_host(spec, entry, (arrays, dynamic, key_inputs))
         if served is not None:
             return _results(spec, entry, values, storages, *served)
@@ -396,7 +394,6 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
     if written and donation.possible(arrays, written) and not (
         modes.check_nans and modes.current is _DEBUG
     ):
-        entry.traced_at_first_call = None  # (the donating executable traces its own)
         fn = donation.executable(
             entry, arrays, dynamic, key_inputs, lowering_errors(spec.schema.name)
         )
@@ -412,15 +409,27 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
 
 def _on_host(spec: OpSpec, entry: _Executable, args: tuple):
     """A first call's (fresh, written) computed on the host, or None: compile it (from
-    the trace the plan looked at, when it made one: `entry.traced_at_first_call`)."""
+    the trace the plan looked at, when it made one: `entry.traced_at_first_call`; a
+    donating entry's executable traces its own)."""
     if entry.host_plan is None:
         with lowering_errors(spec.schema.name):
-            plan, entry.traced_at_first_call = host_moves.plan(entry.program, args)
+            plan, traced = host_moves.plan(entry.program, args)
         entry.host_plan = plan or False
-    if not entry.host_plan:
+        if not entry.donated_slots:
+            entry.traced_at_first_call = traced
+    plan = _first_calls_left(entry)
+    return plan(args) if plan else None
+
+
+def _first_calls_left(entry: _Executable):
+    """The entry's host plan if it serves this call (and counts it), else None; after
+    the last call it serves, host_plan is False: the next compiles."""
+    plan = entry.host_plan
+    if entry.hosted >= host_moves.calls_before_compile():
+        entry.host_plan = False
         return None
     entry.hosted += 1
-    return entry.host_plan(args)
+    return plan
 
 
 def _drawn_in_bucket(spec: OpSpec, entry: _Executable, values: list) -> bool:
@@ -440,8 +449,12 @@ def _drawn_in_bucket(spec: OpSpec, entry: _Executable, values: list) -> bool:
         or (target.dim() == 1 and n == size)
         or any(isinstance(v, torch.Generator) for v in values)
     ):
+        entry.host_plan = False  # (nothing to serve: from now on the executable)
         return False
-    entry.hosted += 1
+    if entry.host_plan is None:
+        entry.host_plan = True
+    if not _first_calls_left(entry):
+        return False
     flat = torch.empty(size, dtype=target.dtype, device=target.device)
     _run(spec, (flat, *values[1:]), {})
     target.copy_(flat[: target.numel()].view(target.shape))
@@ -495,6 +508,8 @@ def _compile(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple, ke
             traced=traced,
         )
     entry.traced = True
+    if entry.plain is None:
+        entry.plain = _plain_call(spec, entry)
     return entry.fn
 
 
