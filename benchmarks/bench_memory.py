@@ -6,8 +6,10 @@ MiB). Each configuration runs in a fresh subprocess, which reports its peak
 resident memory (VmHWM, reset at the start through /proc/self/clear_refs)
 above its resident memory at the start (imports done, device started, before
 the model exists). On XLA:CPU the device's buffers are host memory, so this
-counts them. Printed: peak above start in MiB, that as a multiple of the ideal
-state, and the ratio to PyTorch CPU eager (issue 12's target: <= 1.15x).
+counts them. Configurations: PyTorch CPU eager; tpu strict and fused eager;
+torch.compile of the step ("compiled"); torch_tpu.compile_step. Printed: peak
+above start in MiB, that as a multiple of the ideal state, and the ratio to
+PyTorch CPU eager (issue 12's target: <= 1.15x).
 
 Run: python benchmarks/bench_memory.py [--small] [--steps N] [--only cpu,strict,...]
 """
@@ -20,7 +22,7 @@ import os
 import subprocess
 import sys
 
-CONFIGS = ("cpu", "strict", "fused", "compiled")
+CONFIGS = ("cpu", "strict", "fused", "compiled", "compile_step")
 
 
 def _rss_mib(field: str) -> float:
@@ -40,7 +42,7 @@ def _reset_peak() -> None:
 def child(config: str, width: int, steps: int) -> dict:
     import torch
 
-    import torch_tpu  # noqa: F401
+    import torch_tpu
 
     device = "cpu" if config == "cpu" else "tpu"
     if device == "tpu":
@@ -67,6 +69,12 @@ def child(config: str, width: int, steps: int) -> dict:
     error = None
     if config == "compiled":
         step = torch.compile(step, backend="tpu")
+    if config == "compile_step":
+        whole = torch_tpu.compile_step(model, opt, torch.nn.functional.mse_loss)
+
+        def step():
+            return whole(x, y)
+
     mode = torch.tpu.set_eager_mode("fused") if config == "fused" else None
     try:
         if mode is not None:
@@ -119,19 +127,21 @@ def main() -> None:
     cpu = next((r for r in results if r["config"] == "cpu" and not r.get("error")), None)
     first = next((r for r in results if "ideal_mib" in r), None)
     if first:
-        print(f"AdamW, 6 x Linear({width}), batch 8, {steps} steps: {first['params'] / 1e6:.1f}M "
-              f"params, ideal state {first['ideal_mib']:.0f} MiB")
-    print(f"{'config':<10} {'peak above start':>17} {'x ideal':>8} {'vs cpu eager':>13}")
+        print(
+            f"AdamW, 6 x Linear({width}), batch 8, {steps} steps: {first['params'] / 1e6:.1f}M "
+            f"params, ideal state {first['ideal_mib']:.0f} MiB"
+        )
+    print(f"{'config':<12} {'peak above start':>17} {'x ideal':>8} {'vs cpu eager':>13}")
     for r in results:
         if "peak_above_start_mib" not in r:
-            print(f"{r['config']:<10} failed: {r['error']}")
+            print(f"{r['config']:<12} failed: {r['error']}")
             continue
         multiple = r["peak_above_start_mib"] / r["ideal_mib"]
-        vs_cpu = (
-            f"{r['peak_above_start_mib'] / cpu['peak_above_start_mib']:.2f}x" if cpu else "-"
+        vs_cpu = f"{r['peak_above_start_mib'] / cpu['peak_above_start_mib']:.2f}x" if cpu else "-"
+        print(
+            f"{r['config']:<12} {r['peak_above_start_mib']:>13.0f} MiB {multiple:>7.2f}x "
+            f"{vs_cpu:>13}" + (f"  ({r['error']})" if r["error"] else "")
         )
-        print(f"{r['config']:<10} {r['peak_above_start_mib']:>13.0f} MiB {multiple:>7.2f}x "
-              f"{vs_cpu:>13}" + (f"  ({r['error']})" if r["error"] else ""))
 
 
 if __name__ == "__main__":

@@ -70,6 +70,25 @@ def test_changed_strides_dtype_shape_offset_and_aliasing_still_right():
             torch.testing.assert_close(actual, expected)
 
 
+def test_in_place_repeat_calls_write_through_views_and_return_their_argument():
+    """Repeat calls of in-place and out= ops (fused mode records them through a recorder
+    of their own, executor._plain_record): the op returns the tensor it wrote, and
+    every view of the written storage sees the write, as on CPU."""
+    x, other, out = torch.randn(6, 6), torch.randn(6), torch.empty(6)
+    tpu = [t.to("tpu") for t in (x, other, out)]
+    for _ in range(3):  # the later rounds take the fast path
+        for t, o, written in ((x, other, out), tpu):
+            row = t[1]
+            assert row.mul_(2) is row
+            assert t.add_(t, alpha=0.5) is t
+            column = t[:, 2]
+            assert column.addcmul_(o, o, value=0.1) is column
+            assert torch.add(o, 1, out=written) is written
+            torch.testing.assert_close(row.cpu() if t is tpu[0] else row, x[1])
+    torch.testing.assert_close(tpu[0].cpu(), x)
+    torch.testing.assert_close(tpu[2].cpu(), out)
+
+
 def test_runtime_scalars_repeated_and_changing():
     a, b = torch.randn(16), torch.randn(16)
     ta, tb = a.to("tpu"), b.to("tpu")

@@ -226,6 +226,9 @@ class _Executable:
     # strict mode's repeat calls of a plain entry (`_plain_call`): None until it is
     # compiled, False for an entry that is not plain
     plain: object = None
+    # fused mode's repeat calls of a plain entry (`_plain_record`): None until it is
+    # traced, False for an entry that is not plain
+    recorder: object = None
     # elements an elementwise draw takes predrawn bits for in strict and debug modes
     # (engine/predrawn.py), fixed per entry: its executable takes one kind of rng input
     predrawn: int = 0
@@ -270,6 +273,9 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
                     if plain:
                         return plain(fast[1], fast[2])
                     return _execute(spec, entry, values, fast[1], fast[2])
+                recorder = entry.recorder
+                if recorder:
+                    return recorder(values, fast[1], fast[2])
                 return _record(spec, entry, values, fast[1], fast[2])
     inputs = _Inputs()
     layout = _layout(spec, values, inputs)
@@ -307,10 +313,9 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
     return result
 
 
-def _plain_call(spec: OpSpec, entry: _Executable):
-    """For the commonest strict call (one fresh tensor out, nothing written, donated,
-    drawn at random or checked on the device), `_execute` with every decision already
-    taken: (storages, run-time scalars) -> the result. False for any other entry."""
+def _plain_maker(spec: OpSpec, entry: _Executable) -> Fresh | None:
+    """The one output's Fresh of the commonest call (one fresh tensor out, nothing
+    written, donated, drawn at random or checked on the device), else None."""
     maker = _maker(entry.fresh[0]) if len(entry.fresh) == 1 else None
     if (
         type(maker) is not Fresh  # (an absent output or a list of them)
@@ -319,6 +324,16 @@ def _plain_call(spec: OpSpec, entry: _Executable):
         or spec.lowering.device_check is not None
         or spec.schema.return_aliases != (None,)
     ):
+        return None
+    return maker
+
+
+def _plain_call(spec: OpSpec, entry: _Executable):
+    """For the commonest strict call (`_plain_maker`), `_execute` with every decision
+    already taken: (storages, run-time scalars) -> the result. False for any other
+    entry."""
+    maker = _plain_maker(spec, entry)
+    if maker is None:
         return False
     fn, make = entry.fn, maker.make
     device_scalars = fastpath.device_scalars
@@ -328,6 +343,40 @@ def _plain_call(spec: OpSpec, entry: _Executable):
         return make(fresh[0])
 
     return plain
+
+
+def _plain_record(spec: OpSpec, entry: _Executable):
+    """The fused counterpart of `_plain_call`, for an op with one result: one fresh
+    tensor (`_plain_maker`), or one written storage whose argument it returns (an
+    in-place op: an optimizer's updates). `_record` with every decision already taken:
+    (args, storages, run-time scalars) -> the result. False for any other entry."""
+    record = fuse.record_one
+    maker = _plain_maker(spec, entry)
+    if maker is not None:
+        make, shape = maker.make, fuse.fresh_shapes(entry)[0]
+
+        def fresh(values: list, storages: list, dynamic: list) -> torch.Tensor:
+            return make(record(entry, storages, dynamic, shape, False))
+
+        return fresh
+    aliases = spec.schema.return_aliases
+    if (
+        entry.fresh
+        or len(entry.written_slots) != 1
+        or spec.lowering.random
+        or spec.lowering.device_check is not None
+        or len(aliases) != 1
+        or aliases[0] is None
+    ):
+        return False
+    slot, alias = entry.written_slots[0], aliases[0]
+
+    def in_place(values: list, storages: list, dynamic: list) -> torch.Tensor:
+        storage = storages[slot]
+        storage.value = record(entry, storages, dynamic, storage.shape, True)
+        return values[alias]
+
+    return in_place
 
 
 def _key_inputs(spec: OpSpec, predrawn_elements: int = 0):
@@ -369,6 +418,8 @@ def _record(spec: OpSpec, entry: _Executable, values: list, storages: list, dyna
     current = [s.current() for s in storages]
     if not entry.traced:
         _trace_once(spec, entry, storages, dynamic)
+    if entry.recorder is None:
+        entry.recorder = _plain_record(spec, entry)
     fresh, written = fuse.record(entry, current, dynamic, _key_inputs(spec))
     return _results(spec, entry, values, storages, fresh, written)
 

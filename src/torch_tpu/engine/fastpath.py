@@ -54,8 +54,11 @@ def signature(spec, values: list):
             if value is None:
                 key.append(None)
             elif isinstance(value, torch.Tensor):
-                if not _tensor(value, key, storages, slots, dynamic):
+                try:
+                    storage = value.untyped_storage()._tpu
+                except AttributeError:  # a CPU or meta tensor, or a storage PyTorch re-wrapped
                     return None
+                add_tensor(value, storage, key, storages, slots, dynamic)
             else:  # a Python number PyTorch wrapped as a tensor: a run-time scalar
                 key.append(type(value))
                 dynamic.append(value)

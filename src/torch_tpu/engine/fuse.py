@@ -120,9 +120,7 @@ def record(entry, storage_values: list, dynamic: tuple, key_inputs: tuple):
     dynamic_refs = tuple([scalar(d) for d in dynamic]) if dynamic else ()
     key_refs = tuple([scalar(k) for k in key_inputs]) if key_inputs else ()
     segment.nodes.append((entry, storage_refs, dynamic_refs, key_refs))
-    shapes = _FRESH_SHAPES.get(entry)
-    if shapes is None:
-        shapes = _FRESH_SHAPES[entry] = tuple(_array_shapes(meta) for meta in entry.fresh)
+    shapes = fresh_shapes(entry)
     pending = segment.pending
     fresh = [_pendings(pending, shape, (n, "f", k)) for k, shape in enumerate(shapes)]
     written = [
@@ -133,6 +131,36 @@ def record(entry, storage_values: list, dynamic: tuple, key_inputs: tuple):
     if n + 1 >= CAP:
         flush("segment size cap")
     return fresh, written
+
+
+def record_one(entry, storages: list, dynamic: list, shape: tuple, written: bool) -> Pending:
+    """`record` for an op with one result that draws and checks nothing: a fresh output
+    or (written) the one storage it writes; the fused counterpart of strict mode's plain
+    call (executor._plain_record). storages: the op's Storage objects; shape: the
+    result's array shape. Returns the result's Pending."""
+    if SPLIT_FLOPS is not None:  # (the general path keeps the contraction count)
+        fresh, new = record(entry, [s.current() for s in storages], tuple(dynamic), ())
+        return new[0] if written else fresh[0]
+    segment = _segment
+    n = len(segment.nodes)
+    storage_refs = tuple([_input_ref(s.current()) for s in storages])
+    dynamic_refs = tuple([segment.scalar(d) for d in dynamic]) if dynamic else ()
+    segment.nodes.append((entry, storage_refs, dynamic_refs, ()))
+    pending = Pending((n, "w" if written else "f", 0), shape)
+    segment.pendings.append(weakref.ref(pending))
+    metrics.count("ops_deferred")
+    if n + 1 >= CAP:
+        flush("segment size cap")
+    return pending
+
+
+def fresh_shapes(entry) -> tuple:
+    """Per fresh output of the op, its array shape (a list for a list output, None for an
+    absent one), worked out once per executable."""
+    shapes = _FRESH_SHAPES.get(entry)
+    if shapes is None:
+        shapes = _FRESH_SHAPES[entry] = tuple(_array_shapes(meta) for meta in entry.fresh)
+    return shapes
 
 
 _FRESH_SHAPES: dict = {}  # per-op executable -> per fresh output its array shape(s)
