@@ -146,6 +146,48 @@ def test_new_python_scalars_are_run_time_arguments(monkeypatch, eager_mode):
     assert torch_tpu.metrics.snapshot().get("compiles", 0) == 0
 
 
+def test_fused_python_floats_act_as_python_scalars():
+    """A fused segment takes its Python floats packed in one float64 array and reads each
+    back weakly typed: each must still act as a Python scalar (no promotion of float16,
+    bfloat16 or int operands to float64) with its exact value (NaN, -0.0, a float32
+    subnormal, 1e300). One op alone gives strict mode's bits; two ops may differ from
+    strict in the last place, where XLA fuses them (docs/differences.md)."""
+    values = [2.5, -0.0, float("nan"), 1e-45, 1e300, 1 / 3]
+    operands = [
+        torch.randn(5, dtype=torch.float16),
+        torch.randn(5, dtype=torch.bfloat16),
+        torch.randn(5, dtype=torch.float32),
+        torch.randn(5, dtype=torch.float64),
+        torch.arange(-2, 3),
+    ]
+
+    def run(x, device, mode):
+        single, double = [], []
+        with torch.tpu.set_eager_mode(mode):
+            for _ in range(2):  # the second round: the fast path's recorders
+                t = x.to(device)
+                for v in values:
+                    single.append(t * v)
+                    if t.is_floating_point():  # (an int tensor cannot take a float in place)
+                        single.append(t.clone().mul_(v))
+                    double.append((t * v).add(v, alpha=0.5))
+            return [o.cpu() for o in single], [o.cpu() for o in double]
+
+    for x in operands:
+        fused = run(x, "tpu", Mode.DEFER_AND_FUSE)
+        strict = run(x, "tpu", Mode.DEFER_NEVER)
+        cpu = run(x, "cpu", Mode.DEFER_NEVER)
+        for f, s, c in zip(fused[0], strict[0], cpu[0], strict=True):
+            assert f.dtype == s.dtype == c.dtype
+            torch.testing.assert_close(f, s, rtol=0, atol=0, equal_nan=True)
+            assert torch.equal(f.signbit(), c.signbit())  # (-0.0 kept)
+            torch.testing.assert_close(f, c, equal_nan=True)
+        for f, s, c in zip(fused[1], strict[1], cpu[1], strict=True):
+            assert f.dtype == s.dtype == c.dtype
+            torch.testing.assert_close(f, s, equal_nan=True)
+            torch.testing.assert_close(f, c, equal_nan=True)
+
+
 def test_debug_mode_names_op_inputs_and_user_line():
     a = torch.ones(2, 3, device="tpu")
     b = torch.ones(4, 5, device="tpu")

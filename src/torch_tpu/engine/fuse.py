@@ -220,34 +220,38 @@ def flush(reason: str = "value needed") -> None:
     live = [p for p in (w() for w in segment.pendings) if p is not None]
     outputs = tuple(p.ref for p in live)
     nodes = segment.nodes
-    fingerprint = (
-        tuple((id(entry), s, d, k) for entry, s, d, k in nodes),
-        outputs,
-    )
     metrics.count("segments_run")
     metrics.count(f"flush: {reason}")
     leaves = segment.leaves
+    floats = tuple([i for i, v in enumerate(leaves) if type(v) is float])
     donated = _donatable(leaves)
     segment.leaves = None  # (the donated arrays are deleted by the call)
-    fingerprint = (*fingerprint, donated)
+    # (a node's entry hashes and compares by identity: the nodes are their own key)
+    fingerprint = (tuple(nodes), outputs, donated, floats)
     found = _compiled.get(fingerprint)
     if found is None:
         donated, order = _paired_first(nodes, outputs, donated)
     else:
         fn, donated, order = found
     given = tuple([leaves[i] for i in donated])
-    donated_set = set(donated)
-    kept = tuple([a for i, a in enumerate(leaves) if i not in donated_set])
+    apart = set(donated).union(floats)
+    kept = tuple([a for i, a in enumerate(leaves) if i not in apart])
+    # the Python floats (an optimizer's lr, betas and bias corrections, hundreds a step)
+    # in one array: one argument instead of one host-to-device conversion each
+    numbers = np.array([leaves[i] for i in floats], dtype=np.float64)
     if found is None:
+        program = _segment_program(
+            nodes, tuple(outputs[k] for k in order), donated, floats, len(leaves)
+        )
         with warnings.catch_warnings():
             # a donated input no output can reuse (another shape) is merely freed
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
             fn = cache.compile(
-                _segment_program(nodes, tuple(outputs[k] for k in order), donated, len(leaves)),
-                (given, kept),
+                program,
+                (given, kept, numbers),
                 kind="segment",
                 name=_segment_name(nodes),
-                signature=_leaf_signature(nodes, leaves, donated),
+                signature=_leaf_signature(nodes, leaves, donated, floats),
                 donate_argnums=(0,) if donated else (),
             )
         _compiled[fingerprint] = (fn, donated, order)
@@ -257,7 +261,7 @@ def flush(reason: str = "value needed") -> None:
     if donated:
         metrics.count("segment_donated_buffers", len(donated))
     try:
-        values = fn(given, kept)
+        values = fn(given, kept, numbers)
     except jax.errors.JaxRuntimeError as error:
         memory_errors.raise_if_out_of_memory(error)
         raise
@@ -307,17 +311,18 @@ def _segment_name(nodes: list) -> str:
     return f"{ops[0]}..{ops[-1]} ({len(ops)} ops, {digest})"
 
 
-def _leaf_signature(nodes: list, leaves: list, donated: tuple) -> list:
-    """Each input of the segment (donated ones first, as the executable takes them)
-    named by the first op argument that reads it, with that argument's shape: what a
-    recompile reports as changed."""
+def _leaf_signature(nodes: list, leaves: list, donated: tuple, floats: tuple) -> list:
+    """Each input of the segment (donated ones first, the packed floats last, as the
+    executable takes them) named by the first op argument that reads it, with that
+    argument's shape: what a recompile reports as changed."""
     labels = {}
     for entry, storage_refs, _, _ in nodes:
         for slot, ref in enumerate(storage_refs):
             if type(ref) is int and ref not in labels and slot < len(entry.signature):
                 arg, shape, dtype = entry.signature[slot]
                 labels[ref] = (f"{entry.name} {arg}", shape, dtype)
-    order = list(donated) + [i for i in range(len(leaves)) if i not in set(donated)]
+    apart = set(donated).union(floats)
+    order = [*donated, *(i for i in range(len(leaves)) if i not in apart), *floats]
     return [
         labels.get(
             i,
@@ -327,17 +332,20 @@ def _leaf_signature(nodes: list, leaves: list, donated: tuple) -> list:
     ]
 
 
-def _segment_program(nodes: list, outputs: tuple, donated: tuple, n_leaves: int):
+def _segment_program(nodes: list, outputs: tuple, donated: tuple, floats: tuple, n_leaves: int):
     programs = [(entry.program, s, d, k) for entry, s, d, k in nodes]
-    donated_set = set(donated)
-    kept = tuple(i for i in range(n_leaves) if i not in donated_set)
+    apart = set(donated).union(floats)
+    kept = tuple(i for i in range(n_leaves) if i not in apart)
 
-    def segment(given, kept_leaves):
+    def segment(given, kept_leaves, numbers):
         leaves = [None] * n_leaves
         for i, value in zip(donated, given):
             leaves[i] = value
         for i, value in zip(kept, kept_leaves):
             leaves[i] = value
+        for j, i in enumerate(floats):
+            # weakly typed, as the Python float itself is traced: a scalar to the lowering
+            leaves[i] = _weakly_typed(numbers[j])
         env = {}
 
         def get(ref):
@@ -360,6 +368,13 @@ def _segment_program(nodes: list, outputs: tuple, donated: tuple, n_leaves: int)
         return [env[ref] for ref in outputs]
 
     return segment
+
+
+def _weakly_typed(x):
+    # (JAX has no public way to mark a traced value weakly typed)
+    from jax._src.lax.lax import _convert_element_type
+
+    return _convert_element_type(x, weak_type=True)
 
 
 def pending_ops() -> int:
