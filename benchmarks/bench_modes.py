@@ -16,7 +16,10 @@ ratio is printed twice: of the best steps, and the median of the per-round
 ratios (each round's steps ran under about the same load).
 
 Targets (issue 12): fused vs strict >= 1.0x on mlp, >= 1.3x on gpt, >= 2x on
-gpt_small; recording <= 20 us/op; fused first step <= 3x strict's.
+gpt_small; recording <= 20 us/op; fused first step <= 3x strict's. The gpt
+workloads also time, in the same rounds, the step written in JAX and jitted
+whole with its state donated (bench_step.py's): no fused step can beat it, so
+strict / JAX is the most fused vs strict can reach on this machine.
 
 Run: python benchmarks/bench_modes.py [--steps N]
 """
@@ -56,6 +59,8 @@ def time_modes(workload: str, steps: int) -> dict[str, list[float]]:
         with torch.tpu.set_eager_mode(name):
             runners[mode] = _runner(step_fn(workload, "tpu")[1], name)
     runners["cpu eager"] = _runner(step_fn(workload, "cpu")[1], None)
+    if workload != "mlp":
+        runners["jax jit"] = _jax_runner(workload)
     for run in runners.values():
         for _ in range(2):
             run()
@@ -80,6 +85,23 @@ def _runner(step, mode: str | None):
         with torch.tpu.set_eager_mode(mode):
             step().item()
             torch.tpu.synchronize()
+
+    return run
+
+
+def _jax_runner(size: str):
+    """bench_step's JAX step for this gpt size, jitted whole with its state donated; each
+    call waits for its loss."""
+    import jax
+    from bench_step import jax_train_step  # (a script: its own folder is sys.path[0])
+
+    train_step, state, x, y = jax_train_step(size)
+    jitted = jax.jit(train_step, donate_argnums=0)
+    held = [state]
+
+    def run() -> None:
+        held[0], loss = jitted(held[0], x, y)
+        float(loss)
 
     return run
 
@@ -157,6 +179,12 @@ def main() -> None:
             f"strict vs debug: {times['debug'] / times['strict']:.2f}x; "
             f"fused vs torch cpu eager: {times['cpu eager'] / times['fused']:.2f}x faster"
         )
+        if "jax jit" in times:
+            print(
+                f"  ceiling: JAX's whole step jitted {times['jax jit'] * 1e3:.1f} ms; strict / "
+                f"JAX = {times['strict'] / times['jax jit']:.2f}x, the most fused vs strict "
+                f"can reach here (fused / JAX = {times['fused'] / times['jax jit']:.2f}x)"
+            )
     whole, ours = recording_cost(args.steps)
     print(
         f"fused recording (gpt_small): {whole * 1e6:.1f} us per op for the whole step, "
