@@ -4,6 +4,7 @@ and per-sample-weight gradients), in every mode, without any CPU fallback."""
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_same_error
 
 
 @pytest.fixture(params=["strict", "fused"])
@@ -163,3 +164,29 @@ def test_max_mode_indices_without_bags_raise_a_clear_error(include_last_offset, 
             mode="max",
             include_last_offset=include_last_offset,
         )
+
+
+@pytest.mark.parametrize(
+    "op", [torch.embedding_bag, torch._embedding_bag, torch._embedding_bag_forward_only]
+)
+@pytest.mark.parametrize(
+    ("weight", "indices", "offsets"),
+    [
+        ((2, 6), (2, 0, 0, 6, 6), (2, 0, 0, 6, 6)),  # input checked first
+        ((2, 6), (2,), (2, 0, 0, 6, 6)),
+        ((2, 2, 2), (2,), (2,)),
+        ((2, 2, 2), (3,), (2, 2)),  # offsets before weight
+        ((4,), (3,), (1,)),
+        ((2, 6), (), (1,)),
+    ],
+)
+def test_argument_ranks_raise_as_on_cpu(op, weight, indices, offsets):
+    """CPU checks each argument's rank, in its order and words (PyTorch's
+    test_embedding_bag_dimension_errors); the lowering failed inside JAX on them."""
+    assert_same_error(
+        lambda device: op(
+            torch.zeros(weight, device=device),
+            torch.ones(indices, dtype=torch.long, device=device),
+            torch.zeros(offsets, dtype=torch.long, device=device),
+        )
+    )

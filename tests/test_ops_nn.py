@@ -914,3 +914,23 @@ def test_integer_hardtanh_bounds_as_cpu(dtype, eager_mode):
     refused += [(-1, 1)] if dtype == torch.uint8 else []
     for low, high in refused:
         assert_same_error(lambda d, lo=low, hi=high: F.hardtanh(x.to(d), lo, hi))
+
+
+@pytest.mark.parametrize(
+    ("pool", "dims"),
+    [
+        (F.adaptive_avg_pool2d, 2),
+        (F.adaptive_avg_pool3d, 3),
+        (F.adaptive_max_pool2d, 2),
+        (F.adaptive_max_pool3d, 3),
+    ],
+)
+def test_adaptive_pool_backward_of_an_empty_output_raises_as_on_cpu(pool, dims):
+    """CPU's words (PyTorch's test_adaptive_pooling_empty_output_size): the meta kernels
+    say it otherwise, adaptive_avg_pool2d's with a run of spaces inside the sentence."""
+    shape = (1, 4, 10, 9, 8)[: 2 + dims]
+    assert_same_error(
+        lambda device: (
+            pool(torch.randn(shape, device=device, requires_grad=True), 0).sum().backward()
+        )
+    )

@@ -53,9 +53,20 @@ def _embedding_bag_device_check(weight, indices, offsets, *rest) -> list:
 
 
 def _check_embedding_bag(values: list) -> bool:
-    """CPU's max-mode kernel crashes the process (a segfault in 2.13) on indices with no
-    bag to go to; tpu's stand-in run of that kernel (engine/refusals.py) would too."""
-    indices, offsets = values[1], values[2]
+    """CPU's checks of the arguments' ranks, in its order and words (the meta kernel has
+    none: the lowering failed on them); and CPU's max-mode kernel crashes the process (a
+    segfault in 2.13) on indices with no bag to go to, as tpu's stand-in run of that
+    kernel (engine/refusals.py) would."""
+    weight, indices, offsets = values[0], values[1], values[2]
+    for name, tensor, ranks, wanted in (
+        ("input", indices, (1, 2), "a 1D or 2D"),
+        ("offsets", offsets, (1,), "a 1D"),
+        ("weight", weight, (2,), "a 2D"),
+    ):
+        if tensor.dim() not in ranks:
+            raise RuntimeError(
+                f"{name} has to be {wanted} Tensor, but got Tensor of dimension {tensor.dim()}"
+            )
     mode = values[4] if len(values) > 4 else _SUM
     last = values[7] if len(values) > 7 else False
     if mode == _MAX and indices.numel() and offsets.numel() <= int(bool(last)):

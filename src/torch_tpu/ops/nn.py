@@ -1213,12 +1213,38 @@ def adaptive_avg_pool(self, output_size):
     return _adaptive_avg(self, tuple(output_size))
 
 
-@lower("_adaptive_avg_pool2d_backward.default")
+def _check_grad_output_not_empty(name: str, ranks: tuple[int, int]):
+    """CPU's check that an adaptive pooling backward's grad_output has no empty non-batch
+    dimension, in CPU's words (PyTorch's meta kernels word it otherwise, adaptive_avg_
+    pool2d's with a run of spaces in the middle)."""
+
+    def check(values: list) -> bool:
+        grad_output = values[0]
+        if grad_output.dim() in ranks:
+            for i in range(1, grad_output.dim()):
+                if grad_output.size(i) == 0:
+                    raise RuntimeError(
+                        f"{name}(): Expected grad_output to have non-zero size for non-batch "
+                        f"dimensions, but grad_output has sizes {list(grad_output.shape)} with "
+                        f"dimension {i} being empty"
+                    )
+        return False
+
+    return check
+
+
+@lower(
+    "_adaptive_avg_pool2d_backward.default",
+    check=_check_grad_output_not_empty("adaptive_avg_pool2d_backward", (3, 4)),
+)
 def adaptive_avg_pool2d_backward(grad_output, self):
     return _vjp(lambda x: _adaptive_avg(x, grad_output.shape[-2:]), self, grad_output)
 
 
-@lower("_adaptive_avg_pool3d_backward.default")
+@lower(
+    "_adaptive_avg_pool3d_backward.default",
+    check=_check_grad_output_not_empty("adaptive_avg_pool3d_backward", (4, 5)),
+)
 def adaptive_avg_pool3d_backward(grad_output, self):
     return _vjp(lambda x: _adaptive_avg(x, grad_output.shape[-3:]), self, grad_output)
 
@@ -1256,12 +1282,18 @@ def adaptive_max_pool(self, output_size):
     return _adaptive_max(self, tuple(output_size))
 
 
-@lower("adaptive_max_pool2d_backward.default")
+@lower(
+    "adaptive_max_pool2d_backward.default",
+    check=_check_grad_output_not_empty("adaptive_max_pool2d_backward", (3, 4)),
+)
 def adaptive_max_pool2d_backward(grad_output, self, indices):
     return _scatter_max_grad(grad_output, self, indices, 2)
 
 
-@lower("adaptive_max_pool3d_backward.default")
+@lower(
+    "adaptive_max_pool3d_backward.default",
+    check=_check_grad_output_not_empty("adaptive_max_pool3d_backward", (4, 5)),
+)
 def adaptive_max_pool3d_backward(grad_output, self, indices):
     return _scatter_max_grad(grad_output, self, indices, 3)
 
