@@ -934,3 +934,24 @@ def test_adaptive_pool_backward_of_an_empty_output_raises_as_on_cpu(pool, dims):
             pool(torch.randn(shape, device=device, requires_grad=True), 0).sum().backward()
         )
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("view", ["whole", "depth sliced", "channels strided"])
+def test_unbatched_max_pool3d_keeps_cpus_layout(dtype, view):
+    """CPU pools an unbatched (C, D, H, W) input as a batch of one: a channels_last_3d
+    batch gives channels_last_3d output and indices, squeezed (PyTorch's
+    test_max_pool3d_ndhwc); the meta kernel made them contiguous."""
+    batch = torch.randn(1, 6, 14, 12, 13, dtype=dtype).contiguous(
+        memory_format=torch.channels_last_3d
+    )
+    x = {
+        "whole": batch[0],
+        "depth sliced": batch[0, :, 1:],
+        "channels strided": batch[0, ::2].clone(),  # (dense, channels innermost)
+    }[view]
+    expected = F.max_pool3d(x, (3, 4, 5), return_indices=True)
+    actual = F.max_pool3d(x.to("tpu"), (3, 4, 5), return_indices=True)
+    for e, a in zip(expected, actual):
+        assert a.stride() == e.stride()
+        torch.testing.assert_close(a.cpu(), e)

@@ -1083,7 +1083,19 @@ def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1,
     return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2)
 
 
-@lower("max_pool3d_with_indices.default")
+def _unbatched_channels_last_3d(values: list, result):
+    """CPU pools an unbatched (C, D, H, W) input as its batch of one: when that is
+    channels_last_3d, so are the output and indices (squeezed back to 4-D); PyTorch's
+    meta kernel leaves them contiguous."""
+    if values[0].dim() != 4:
+        return result
+    batch = values[0].unsqueeze(0)
+    if batch.is_contiguous() or not batch.is_contiguous(memory_format=torch.channels_last_3d):
+        return result
+    return tuple(in_memory_format(r.unsqueeze(0), torch.channels_last_3d)[0] for r in result)
+
+
+@lower("max_pool3d_with_indices.default", result_layout=_unbatched_channels_last_3d)
 def max_pool3d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3)
 
