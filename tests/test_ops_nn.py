@@ -955,3 +955,28 @@ def test_unbatched_max_pool3d_keeps_cpus_layout(dtype, view):
     for e, a in zip(expected, actual):
         assert a.stride() == e.stride()
         torch.testing.assert_close(a.cpu(), e)
+
+
+@pytest.mark.parametrize(
+    ("mode", "dims"), [("linear", 1), ("bilinear", 2), ("bicubic", 2), ("trilinear", 3)]
+)
+@pytest.mark.parametrize(
+    "how", [{"size": 7}, {"scale_factor": 1.7}, {"size": 5, "align_corners": True}]
+)
+def test_float64_interpolation_keeps_float64_precision(mode, dims, how):
+    """CPU computes a float64 image's source coordinates and weights in float64; tpu
+    computed them in float32, so results carried float32's error (1e-6) under a float64
+    dtype, without a sign. Forward and backward, to float64's precision."""
+    how = {k: (v,) * dims if k == "size" else v for k, v in how.items()}
+    x = torch.randn((2, 3) + (4, 5, 3)[:dims], dtype=torch.float64)
+
+    def run(device):
+        leaf = x.to(device).requires_grad_()
+        out = F.interpolate(leaf, mode=mode, **how)
+        grad = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=device)
+        out.backward(grad.view(out.shape))
+        return out.detach().cpu(), leaf.grad.cpu()
+
+    for t, c in zip(run("tpu"), run("cpu")):
+        assert t.dtype == torch.float64
+        torch.testing.assert_close(t, c, rtol=1e-12, atol=1e-12)

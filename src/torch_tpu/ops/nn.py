@@ -1313,13 +1313,14 @@ def adaptive_max_pool3d_backward(grad_output, self, indices):
 # ---------------------------------------------------------------- upsampling
 
 
-def _source_scale(size, out, scale, align_corners=False):
-    """PyTorch's input-per-output step along one axis, in float32 as its kernels use."""
+def _source_scale(size, out, scale, align_corners=False, dtype=np.float32):
+    """PyTorch's input-per-output step along one axis, in the dtype its kernels use:
+    float32, or float64 for a float64 image (its linear and cubic kernels' opmath)."""
     if align_corners:
-        return np.float32((size - 1) / (out - 1)) if out > 1 else np.float32(0)
+        return dtype((size - 1) / (out - 1)) if out > 1 else dtype(0)
     if scale is not None and scale > 0:
-        return np.float32(1.0 / scale)
-    return np.float32(size) / np.float32(out)
+        return dtype(1.0 / scale)
+    return dtype(size) / dtype(out)
 
 
 def _nearest(x, output_size, scales, exact):
@@ -1333,18 +1334,18 @@ def _nearest(x, output_size, scales, exact):
     return x
 
 
-def _source(size, out, scale, align_corners, cubic):
+def _source(size, out, scale, align_corners, cubic, dtype):
     """Fractional input coordinate of each output position along one axis."""
-    step = _source_scale(size, out, scale, align_corners)
-    position = np.arange(out, dtype=np.float32)
+    step = _source_scale(size, out, scale, align_corners, dtype)
+    position = np.arange(out, dtype=dtype)
     if align_corners:
         return step * position
-    source = step * (position + np.float32(0.5)) - np.float32(0.5)
+    source = step * (position + dtype(0.5)) - dtype(0.5)
     return source if cubic else np.maximum(source, 0)
 
 
-def _linear_taps(size, out, scale, align_corners):
-    source = _source(size, out, scale, align_corners, cubic=False)
+def _linear_taps(size, out, scale, align_corners, dtype):
+    source = _source(size, out, scale, align_corners, False, dtype)
     low = source.astype(np.int64)
     frac = source - low
     return [(low, 1 - frac), (np.minimum(low + 1, size - 1), frac)]
@@ -1360,9 +1361,9 @@ def _cubic_far(d, a=-0.75):
     return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
 
 
-def _cubic_taps(size, out, scale, align_corners):
+def _cubic_taps(size, out, scale, align_corners, dtype):
     """The 4 neighbours of each source coordinate, indices clamped to the edge."""
-    source = _source(size, out, scale, align_corners, cubic=True)
+    source = _source(size, out, scale, align_corners, True, dtype)
     low = np.floor(source).astype(np.int64)
     t = source - low
     weights = [_cubic_far(t + 1), _cubic_near(t), _cubic_near(1 - t), _cubic_far(2 - t)]
@@ -1376,12 +1377,15 @@ def _interpolate(x, output_size, align_corners, scales, taps):
     if integer:
         dtype, x = x.dtype, x.astype(jnp.float32)
     x = _up(x)
+    # coordinates and weights in float64 for a float64 image, as CPU's kernels (float32
+    # ones there lost float64's precision without a sign: 0.4 came out 0.40000003577)
+    coordinates = np.float64 if x.dtype == jnp.float64 else np.float32
     n = len(output_size)
     for axis, out, scale in zip(range(x.ndim - n, x.ndim), output_size, scales):
         shape = (-1,) + (1,) * (x.ndim - axis - 1)
         x = sum(
             jnp.take(x, index, axis=axis) * jnp.asarray(weight.reshape(shape), x.dtype)
-            for index, weight in taps(x.shape[axis], out, scale, align_corners)
+            for index, weight in taps(x.shape[axis], out, scale, align_corners, coordinates)
         )
         if integer:  # (each pass lands in the image's dtype)
             limits = jnp.iinfo(dtype)
