@@ -1381,7 +1381,10 @@ def _interpolate(x, output_size, align_corners, scales, taps):
     # ones there lost float64's precision without a sign: 0.4 came out 0.40000003577)
     coordinates = np.float64 if x.dtype == jnp.float64 else np.float32
     n = len(output_size)
-    for axis, out, scale in zip(range(x.ndim - n, x.ndim), output_size, scales):
+    passes = list(zip(range(x.ndim - n, x.ndim), output_size, scales))
+    if integer:  # (CPU's uint8 kernels resize the last axis first, clamping in between)
+        passes = passes[::-1]
+    for axis, out, scale in passes:
         shape = (-1,) + (1,) * (x.ndim - axis - 1)
         x = sum(
             jnp.take(x, index, axis=axis) * jnp.asarray(weight.reshape(shape), x.dtype)
