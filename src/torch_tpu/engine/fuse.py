@@ -146,8 +146,7 @@ def record_one(entry, storages: list, dynamic: list, shape: tuple, written: bool
     storage_refs = tuple([_input_ref(s.current()) for s in storages])
     dynamic_refs = tuple([segment.scalar(d) for d in dynamic]) if dynamic else ()
     segment.nodes.append((entry, storage_refs, dynamic_refs, ()))
-    pending = Pending((n, "w" if written else "f", 0), shape)
-    segment.pendings.append(weakref.ref(pending))
+    pending = segment.pending((n, "w" if written else "f", 0), shape)
     metrics.count("ops_deferred")
     if n + 1 >= CAP:
         flush("segment size cap")
@@ -235,14 +234,14 @@ def flush(reason: str = "value needed") -> None:
         fn, donated, order = found
     given = tuple([leaves[i] for i in donated])
     apart = set(donated).union(floats)
-    kept = tuple([a for i, a in enumerate(leaves) if i not in apart])
+    kept_at = tuple([i for i in range(len(leaves)) if i not in apart])
+    kept = tuple([leaves[i] for i in kept_at])
     # the Python floats (an optimizer's lr, betas and bias corrections, hundreds a step)
     # in one array: one argument instead of one host-to-device conversion each
     numbers = np.array([leaves[i] for i in floats], dtype=np.float64)
     if found is None:
-        program = _segment_program(
-            nodes, tuple(outputs[k] for k in order), donated, floats, len(leaves)
-        )
+        returned = tuple(outputs[k] for k in order)
+        program = _segment_program(nodes, returned, donated, kept_at, floats)
         with warnings.catch_warnings():
             # a donated input no output can reuse (another shape) is merely freed
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
@@ -251,7 +250,7 @@ def flush(reason: str = "value needed") -> None:
                 (given, kept, numbers),
                 kind="segment",
                 name=_segment_name(nodes),
-                signature=_leaf_signature(nodes, leaves, donated, floats),
+                signature=_leaf_signature(nodes, leaves, (*donated, *kept_at, *floats)),
                 donate_argnums=(0,) if donated else (),
             )
         _compiled[fingerprint] = (fn, donated, order)
@@ -311,18 +310,16 @@ def _segment_name(nodes: list) -> str:
     return f"{ops[0]}..{ops[-1]} ({len(ops)} ops, {digest})"
 
 
-def _leaf_signature(nodes: list, leaves: list, donated: tuple, floats: tuple) -> list:
-    """Each input of the segment (donated ones first, the packed floats last, as the
-    executable takes them) named by the first op argument that reads it, with that
-    argument's shape: what a recompile reports as changed."""
+def _leaf_signature(nodes: list, leaves: list, order: tuple) -> list:
+    """Each input of the segment, in the order the executable takes them (donated ones
+    first, the packed floats last), named by the first op argument that reads it, with
+    that argument's shape: what a recompile reports as changed."""
     labels = {}
     for entry, storage_refs, _, _ in nodes:
         for slot, ref in enumerate(storage_refs):
             if type(ref) is int and ref not in labels and slot < len(entry.signature):
                 arg, shape, dtype = entry.signature[slot]
                 labels[ref] = (f"{entry.name} {arg}", shape, dtype)
-    apart = set(donated).union(floats)
-    order = [*donated, *(i for i in range(len(leaves)) if i not in apart), *floats]
     return [
         labels.get(
             i,
@@ -332,10 +329,11 @@ def _leaf_signature(nodes: list, leaves: list, donated: tuple, floats: tuple) ->
     ]
 
 
-def _segment_program(nodes: list, outputs: tuple, donated: tuple, floats: tuple, n_leaves: int):
+def _segment_program(nodes: list, outputs: tuple, donated: tuple, kept: tuple, floats: tuple):
+    """The segment as one function of (donated leaves, kept leaves, packed floats), each
+    group's leaf positions given."""
     programs = [(entry.program, s, d, k) for entry, s, d, k in nodes]
-    apart = set(donated).union(floats)
-    kept = tuple(i for i in range(n_leaves) if i not in apart)
+    n_leaves = len(donated) + len(kept) + len(floats)
 
     def segment(given, kept_leaves, numbers):
         leaves = [None] * n_leaves
