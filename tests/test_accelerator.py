@@ -89,6 +89,28 @@ def test_memory_allocated_follows_device_buffers(eager_mode, n_bytes):
     assert _allocated() <= grown - n_bytes
 
 
+# PJRT's statistics on a TPU v5e with one 4 MiB tensor (read there, 2026-12-06): no pool,
+# and `bytes_reserved` a small runtime region beside the tensors' bytes.
+_TPU_V5E_STATS = {
+    "num_allocs": 4, "bytes_in_use": 4421120, "peak_bytes_in_use": 8616448,
+    "largest_alloc_size": 4194304, "bytes_limit": 16909336064, "bytes_reserved": 16384,
+    "peak_bytes_reserved": 16384, "bytes_reservable_limit": 16900820480,
+    "largest_free_block_bytes": 16900703232,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("pool", [None, 64 << 20], ids=["tpu", "gpu_bfc_pool"])
+def test_reserved_covers_allocated_on_every_platforms_statistics(monkeypatch, pool):
+    """memory_reserved() >= memory_allocated(), as PyTorch's callers assume: on a TPU it read
+    16 KiB beside 4.4 MB allocated when it took PJRT's `bytes_reserved` for the pool."""
+    stats = dict(_TPU_V5E_STATS, **({"pool_bytes": pool} if pool else {}))
+    monkeypatch.setattr(torch_tpu.memory, "backend_started", lambda: True)
+    monkeypatch.setattr(torch_tpu.memory, "_pjrt_stats", lambda: dict(stats))
+    assert A.memory_allocated() == stats["bytes_in_use"]
+    assert A.memory_reserved() == (pool or stats["bytes_in_use"] + stats["bytes_reserved"])
+    assert A.max_memory_reserved() >= A.memory_reserved() >= A.memory_allocated()
+
+
 def test_peak_tracking_and_reset(eager_mode):
     gc.collect()
     A.reset_peak_memory_stats()

@@ -78,7 +78,11 @@ def stats() -> dict[str, int]:
         pjrt = _pjrt_stats() or {}
         if pjrt:
             current = int(pjrt.get("bytes_in_use", 0))
-            reserved = int(pjrt.get("bytes_reserved", current))
+            # PyTorch's reserved is what the allocator holds, tensors' bytes included: a
+            # GPU's BFC pool (`pool_bytes`). A TPU has no pool; its `bytes_reserved` is a
+            # small region the runtime sets aside beside the tensors (48 KiB on a v5e).
+            reserved = int(pjrt.get("pool_bytes", current + int(pjrt.get("bytes_reserved", 0))))
+            reserved = max(reserved, current)
             own_peak = int(pjrt.get("peak_bytes_in_use", current))
             _peak = max(_peak, current)
             peak = own_peak if own_peak > _pjrt_peak_at_reset else _peak
