@@ -190,3 +190,18 @@ def test_argument_ranks_raise_as_on_cpu(op, weight, indices, offsets):
             torch.zeros(offsets, dtype=torch.long, device=device),
         )
     )
+
+
+@pytest.mark.parametrize("op", [torch.embedding_bag, torch._embedding_bag])
+def test_two_d_indices_given_to_the_op_itself_raise_a_clear_error(op):
+    """CPU's kernel sums 2-D indices flattened but sizes the bags (mean's divisor, offsets'
+    bound) by their first dimension, so its results depend on which of the two a mode reads;
+    tpu raised "lowering produced shape (2, 2, 3)". Now a RuntimeError says why, and the
+    functional form, which flattens them with its own offsets, matches CPU."""
+    weight, indices = torch.randn(10, 3), torch.tensor([[1, 2, 2], [3, 4, 9]])
+    with pytest.raises(RuntimeError, match="2-D indices passed to the op itself"):
+        op(weight.to("tpu"), indices.to("tpu"), torch.tensor([0, 1], device="tpu"))
+    torch.testing.assert_close(
+        F.embedding_bag(indices.to("tpu"), weight.to("tpu"), mode="mean").cpu(),
+        F.embedding_bag(indices, weight, mode="mean"),
+    )

@@ -67,6 +67,12 @@ def _check_embedding_bag(values: list) -> bool:
             raise RuntimeError(
                 f"{name} has to be {wanted} Tensor, but got Tensor of dimension {tensor.dim()}"
             )
+    if indices.dim() == 2:
+        raise RuntimeError(
+            "embedding_bag: 2-D indices passed to the op itself are not supported on tpu "
+            "(CPU's kernel flattens them for the sum but takes bag sizes from their first "
+            "dimension); F.embedding_bag and nn.EmbeddingBag flatten them first"
+        )
     mode = values[4] if len(values) > 4 else _SUM
     last = values[7] if len(values) > 7 else False
     if mode == _MAX and indices.numel() and offsets.numel() <= int(bool(last)):
