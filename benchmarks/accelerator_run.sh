@@ -4,7 +4,7 @@
 # benchmarks on the default platform, and write each part's log under OUT.
 # CI never runs this: it has no accelerator.
 #
-# Usage: benchmarks/accelerator_run.sh OUT [setup] [verify] [tests] [bench] [profile] [zoo]
+# Usage: benchmarks/accelerator_run.sh OUT [setup] [verify] [tests] [bench] [profile] [accuracy] [zoo]
 #   (no part named: all but zoo)
 # Environment:
 #   TORCH_WHEELS=DIR   a folder holding torch 2.13.0's CPU wheel, used when python3 lacks torch
@@ -14,9 +14,9 @@
 #   TESTS="..."        the test files to run (default: the parity files below)
 #   PART_TIMEOUT=S     each part's time limit in seconds (default 420)
 set -uo pipefail
-OUT=${1:?usage: accelerator_run.sh OUT [setup] [verify] [tests] [bench] [profile] [zoo]}
+OUT=${1:?usage: accelerator_run.sh OUT [setup] [verify] [tests] [bench] [profile] [accuracy] [zoo]}
 shift
-PARTS=${*:-setup verify tests bench profile}
+PARTS=${*:-setup verify accuracy tests bench profile}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SITE=${SITE:-/tmp/site}
 LIMIT=${PART_TIMEOUT:-420}
@@ -74,15 +74,19 @@ profile() {  # where the host's time goes (strict a + b, compile_step's step)
     python3 benchmarks/profile_host.py
 }
 
+accuracy() {  # the platform's own arithmetic against exact, beside CPU's
+    python3 benchmarks/accuracy_probe.py
+}
+
 zoo() {
     python3 -m pytest -q -p no:cacheprovider tests/models/test_zoo.py
 }
 
 export ROOT SITE OUT PIP_INDEX="${PIP_INDEX:-}" TORCH_WHEELS="${TORCH_WHEELS:-}" TESTS="${TESTS:-}"
-export -f setup verify tests bench profile zoo
+export -f setup verify tests bench profile accuracy zoo
 for name in $PARTS; do
     case $name in
-        setup | verify | tests | bench | profile | zoo) part "$name" ;;
-        *) echo "unknown part $name (setup verify tests bench profile zoo)" >&2; exit 2 ;;
+        setup | verify | tests | bench | profile | accuracy | zoo) part "$name" ;;
+        *) echo "unknown part $name (setup verify tests bench profile accuracy zoo)" >&2; exit 2 ;;
     esac
 done
