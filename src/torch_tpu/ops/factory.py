@@ -43,6 +43,13 @@ def fill_tensor(self, value):
     return jnp.broadcast_to(convert(value, self.dtype), self.shape)
 
 
+@lower("_efficientzerotensor.default")
+def efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memory=None):
+    """torch.func's zero tangents and cotangents (jvp, jacrev): materialized zeros, the
+    values CPU's storage-less ZeroTensor stands for."""
+    return jnp.zeros(tuple(size), _jdtype(dtype))
+
+
 @lower("zero_.default")
 def zero_(self):
     return jnp.zeros_like(self)
