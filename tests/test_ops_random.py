@@ -147,6 +147,69 @@ def test_multinomial():
     torch.testing.assert_close(freq, probs[0].cpu().double(), atol=0.02, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gamma_dirichlet_and_poisson_draw_cpus_distributions(dtype):
+    """torch.distributions' Gamma, Beta, Chi2, StudentT, Dirichlet and Poisson sample
+    through these three ops; they ran on the CPU (with the CPU's generator) and were
+    copied over. Moments within 4 standard errors, CPU's floors and clamps, dtypes kept."""
+    alpha = torch.tensor([0.3, 1.0, 4.0, 50.0], dtype=dtype)
+    gamma = torch._standard_gamma(alpha.to("tpu").expand(N, 4).contiguous()).cpu()
+    assert gamma.dtype == dtype and (gamma > 0).all()
+    mean, var = gamma.double().mean(0), gamma.double().var(0)
+    assert ((mean - alpha) / (alpha / N) ** 0.5).abs().max() < 4
+    assert ((var / alpha) - 1).abs().max() < 0.1
+    tiny = torch.finfo(dtype).tiny  # CPU's answer for a concentration <= 0 or NaN, too
+    edge = torch.tensor([-1.0, 0.0, 1e-30, math.nan, math.inf], dtype=dtype)
+    expected = torch.tensor([tiny] * 4 + [math.inf], dtype=dtype)
+    assert torch.equal(torch._standard_gamma(edge.to("tpu")).cpu(), expected)
+    assert torch.equal(torch._standard_gamma(edge), expected)
+
+    concentration = torch.tensor([0.5, 1.0, 3.0], dtype=dtype)
+    rows = torch._sample_dirichlet(concentration.to("tpu").expand(N, 3).contiguous()).cpu()
+    assert rows.dtype == dtype
+    torch.testing.assert_close(rows.double().sum(1), torch.ones(N, dtype=torch.double))
+    expected_mean = concentration.double() / concentration.sum()
+    assert (rows.double().mean(0) - expected_mean).abs().max() < 0.01
+    small = torch._sample_dirichlet(torch.full((64, 3), 1e-3, dtype=dtype, device="tpu")).cpu()
+    below_one = torch.nextafter(torch.tensor(1.0, dtype=dtype), torch.tensor(0.0, dtype=dtype))
+    assert small.min() >= tiny and small.max() <= below_one  # no underflow to 0, as CPU
+    # a concentration <= 0 or NaN draws the float64 floor, so its share is that floor over
+    # the row's other draws: float32's floor where it underflows, a random ~1e-307 in
+    # float64 (on CPU too); a row reaching NaN (an infinite concentration) gets the floor
+    bad = torch.tensor([[-1.0, 1.0], [math.nan, 1.0], [math.inf, 1.0]], dtype=dtype)
+    for out in (torch._sample_dirichlet(bad.to("tpu")).cpu(), torch._sample_dirichlet(bad)):
+        assert (out[:2, 0] >= tiny).all() and (out[:2, 0] <= max(tiny, 1e-290)).all()
+        assert (out[:2, 1] == below_one).all() and (out[2] == tiny).all()
+
+    rate = torch.tensor([0.0, 0.5, 40.0, 1e12], dtype=dtype)
+    counts = torch.poisson(rate.to("tpu").expand(N, 4).contiguous()).cpu()
+    assert counts.dtype == dtype and torch.equal(counts, counts.round())
+    assert (counts[:, 0] == 0).all()
+    error = (counts.double().mean(0) - rate) / (rate.clamp_min(1e-9) / N) ** 0.5
+    assert error[1:].abs().max() < 4
+
+
+def test_poisson_negative_rate_is_reported_as_on_cpu():
+    with pytest.raises(RuntimeError, match="invalid Poisson rate"):
+        torch.poisson(torch.tensor([1.0, -1.0]))
+    with pytest.raises(RuntimeError, match="invalid Poisson rate"):
+        torch.poisson(torch.tensor([1.0, -1.0], device="tpu")).cpu()  # at the next read
+
+
+def test_gamma_rsample_gradient_matches_cpu():
+    """Gamma.rsample's backward (`_standard_gamma_grad`) is deterministic given the draw.
+    CPU's series is 2e-5 from exact at alpha 2 and 30 (against the derivative of SciPy's
+    CDF); tpu's (JAX's) within 1e-9 there (differences.md)."""
+    alpha = torch.tensor([0.2, 0.5, 2.0, 30.0], dtype=torch.float64)
+    sample = torch.tensor([0.01, 0.3, 1.5, 28.0], dtype=torch.float64)
+    ours = torch.ops.aten._standard_gamma_grad(alpha.to("tpu"), sample.to("tpu")).cpu()
+    cpu = torch.ops.aten._standard_gamma_grad(alpha, sample)
+    torch.testing.assert_close(ours, cpu, rtol=5e-5, atol=0)
+    concentration = torch.tensor([2.0, 0.5], device="tpu", requires_grad=True)
+    torch.distributions.Gamma(concentration, 1.0).rsample((100,)).sum().backward()
+    assert concentration.grad.device.type == "tpu" and torch.isfinite(concentration.grad).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_float_random_stays_below_to(dtype):
     """A float16 draw of 2999 rounds to 3000: CPU draws below `to` moved to a value the

@@ -303,3 +303,58 @@ def multinomial(key, self, num_samples, replacement=False, generator=None):
         return jax.random.categorical(key, logits[..., None, :], axis=-1, shape=shape)
     perturbed = logits + draw(jax.random.gumbel, key, self.shape, logits.dtype)
     return jax.lax.top_k(perturbed, num_samples)[1]
+
+
+def _flat_draw(sample, key, parameter, dtype):
+    """`sample(key, parameter, dtype=dtype)` over a flat copy of the parameter (see
+    rng.draw: flat draws compile faster), in the parameter's shape."""
+    return sample(key, parameter.reshape(-1), dtype=dtype).reshape(parameter.shape)
+
+
+def _sampling_dtype(dtype):
+    """float64 for float64, float32 for the rest (JAX's samplers take no half types)."""
+    return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
+@lower("_standard_gamma.default", random=True)
+def standard_gamma(key, self, generator=None):
+    """Gamma(self, 1) samples (torch.distributions' Gamma, Beta, Chi2, StudentT). CPU floors
+    a sample at the dtype's smallest normal number, which is also its answer for a
+    concentration <= 0 or NaN."""
+    tiny = jnp.asarray(jnp.finfo(self.dtype).tiny, self.dtype)
+    sample = _flat_draw(jax.random.gamma, key, self, _sampling_dtype(self.dtype))
+    return jnp.where(self > 0, jnp.maximum(sample.astype(self.dtype), tiny), tiny)
+
+
+@lower("_standard_gamma_grad.default")
+def standard_gamma_grad(self, output):
+    """d sample / d concentration at fixed quantile (Gamma.rsample's backward)."""
+    return jax.lax.random_gamma_grad(self, output)
+
+
+@lower("_sample_dirichlet.default", random=True)
+def sample_dirichlet(key, self, generator=None):
+    """Gamma samples normalized over the last dim, drawn in log space (as CPU draws in
+    float64: a concentration of 1e-3 underflows a float32 gamma sample), then held in
+    [smallest normal, the float below 1] as CPU holds them; a concentration <= 0 or NaN
+    draws CPU's floor, and a row a NaN reaches gets the floor, as CPU's clamp gives."""
+    dtype, sampled = self.dtype, _sampling_dtype(self.dtype)
+    floor = jnp.asarray(np.log(np.finfo(np.float64).tiny), sampled)  # CPU's, in log space
+    logs = jnp.where(self > 0, _flat_draw(jax.random.loggamma, key, self, sampled), floor)
+    value = jax.nn.softmax(logs, axis=-1).astype(dtype)
+    tiny = jnp.asarray(jnp.finfo(dtype).tiny, dtype)
+    below_one = jnp.nextafter(jnp.asarray(1, dtype), jnp.asarray(0, dtype))
+    return jnp.where(jnp.isnan(value), tiny, jnp.clip(value, tiny, below_one))
+
+
+def _poisson_device_check(self, *rest) -> list:
+    """CPU refuses a negative or NaN rate (engine/device_asserts.py)."""
+    words = "invalid Poisson rate, expected rate to be non-negative"
+    return [(jnp.any(~(self >= 0)), RuntimeError, words)]
+
+
+@lower("poisson.default", random=True, device_check=_poisson_device_check)
+def poisson(key, self, generator=None):
+    """Counts in the rate's dtype; half rates drawn from float32."""
+    rate = self.astype(_sampling_dtype(self.dtype))
+    return _flat_draw(jax.random.poisson, key, rate, jnp.int64).astype(self.dtype)
