@@ -145,13 +145,13 @@ def pad_sequences(
     mask 1 on real tokens. Built on the host, then moved to `device` once."""
     if side not in ("left", "right"):
         raise ValueError(f"side must be 'left' or 'right', got {side!r}")
-    rows = [torch.as_tensor(s, dtype=torch.long).reshape(-1) for s in sequences]
+    rows = [torch.as_tensor(s, dtype=torch.long, device="cpu").reshape(-1) for s in sequences]
     if not rows:
         raise ValueError("pad_sequences needs at least one sequence")
     longest = max(r.numel() for r in rows)
     size = _policy(bucket_size, num_dynamic_buckets, dynamic_buckets).bucket(longest)
-    ids = torch.full((len(rows), size), pad_value, dtype=torch.long)
-    mask = torch.zeros((len(rows), size), dtype=torch.long)
+    ids = torch.full((len(rows), size), pad_value, dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(rows), size), dtype=torch.long, device="cpu")
     for k, row in enumerate(rows):
         where = slice(size - row.numel(), size) if side == "left" else slice(0, row.numel())
         ids[k, where] = row

@@ -70,7 +70,7 @@ def pin_memory(self: torch.Tensor, device=None) -> torch.Tensor:
     """CPU kernel of aten::_pin_memory: a pinned copy with the same sizes and strides."""
     if not _is_tpu(device, "pin_memory"):
         return _original["_pin_memory"].call_boxed(_CPU, self, device)
-    out = torch.empty_strided(self.size(), self.stride(), dtype=self.dtype)
+    out = torch.empty_strided(self.size(), self.stride(), dtype=self.dtype, device="cpu")
     out.copy_(self)
     return pin(out)
 

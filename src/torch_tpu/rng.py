@@ -57,7 +57,7 @@ def draw(sample, key, shape: tuple, *args):
 
 def get_state() -> torch.Tensor:
     """The state as a CPU uint8 tensor, as torch.cuda.get_rng_state returns."""
-    words = torch.tensor([_seed, _counter], dtype=torch.uint64)
+    words = torch.tensor([_seed, _counter], dtype=torch.uint64, device="cpu")
     return words.view(torch.uint8).clone()
 
 

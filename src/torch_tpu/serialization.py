@@ -26,7 +26,7 @@ def _restore(obj, location: str):
     api._index(torch.device(location))  # a clear error for a device this process lacks
     if obj.device.type == "tpu":
         return obj
-    host = torch.empty((0,), dtype=torch.uint8).set_(obj)
+    host = torch.empty((0,), dtype=torch.uint8, device="cpu").set_(obj)
     return host.to("tpu").untyped_storage()
 
 

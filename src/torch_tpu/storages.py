@@ -32,5 +32,5 @@ def _new(cls, *args, **kwargs):
         made = torch.empty(size_or_bytes, dtype=torch.uint8, device=device)
     else:  # (the sequence form, and anything CPU's constructor must judge)
         on_cpu = _pytorch_new(cls, *args)
-        made = torch.empty(0, dtype=torch.uint8).set_(on_cpu).to(device)
+        made = torch.empty(0, dtype=torch.uint8, device="cpu").set_(on_cpu).to(device)
     return made.untyped_storage()

@@ -339,7 +339,7 @@ _COPY = None
 
 def _copy(self, src, non_blocking=False):
     if not isinstance(src, torch.Tensor):  # `x.copy_(float("nan"))`: PyTorch's number
-        src = torch.tensor(src)
+        src = torch.tensor(src, device="cpu")
     if self.device.type == executor.DEVICE_TYPE:
         if src.device.type != executor.DEVICE_TYPE:
             src = upload_to(src, None, self.dtype)

@@ -171,9 +171,11 @@ def _stand_in(value, real_shape: bool, aliased: set = frozenset(), buffers=None)
             storage = t.untyped_storage()
             key = (storage.data_ptr(), dtype)
             if key not in buffers:
-                buffers[key] = torch.zeros(storage.nbytes() // t.element_size(), dtype=dtype)
+                count = storage.nbytes() // t.element_size()
+                buffers[key] = torch.zeros(count, dtype=dtype, device="cpu")
             return buffers[key].as_strided(t.shape, t.stride(), t.storage_offset())
-        return torch.zeros(t.shape if real_shape else [min(n, 1) for n in t.shape], dtype=dtype)
+        shape = t.shape if real_shape else [min(n, 1) for n in t.shape]
+        return torch.zeros(shape, dtype=dtype, device="cpu")
 
     return arguments.replace_tensors(value, zeros, "cpu")
 

@@ -169,7 +169,8 @@ def _check_index_put(values: list) -> bool:
         if not accumulate and source.is_cpu and _lone_mask(indices):
             # CPU writes a value on the host through a lone mask with masked_fill_(mask,
             # value.item()): any dtype that converts, as CPU's masked_fill_ judges it
-            torch.zeros((), dtype=self.dtype).masked_fill_(torch.tensor(True), source.item())
+            host = torch.zeros((), dtype=self.dtype, device="cpu")
+            host.masked_fill_(torch.tensor(True, device="cpu"), source.item())
         else:
             _check_same_dtype(self, source)
         return True
@@ -915,9 +916,9 @@ def _search(sorted_sequence, values, right, side, sorter, out_int32):
 def _cpu_stand_in(t: torch.Tensor) -> torch.Tensor:
     """Zeros laid out as t (strides too: CPU's kernel warns about non-contiguous inputs)."""
     if t.numel() == 0:
-        return torch.zeros(t.shape, dtype=t.dtype)
+        return torch.zeros(t.shape, dtype=t.dtype, device="cpu")
     span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-    return torch.zeros(span, dtype=t.dtype).as_strided(t.shape, t.stride())
+    return torch.zeros(span, dtype=t.dtype, device="cpu").as_strided(t.shape, t.stride())
 
 
 def _cpu_stand_ins(values: list) -> list:

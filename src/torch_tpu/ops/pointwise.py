@@ -352,7 +352,7 @@ def _check_complex_value(values: list) -> None:
         return
     _, dtype = elementwise_dtypes(*values[:3], type_promotion_kind=Promo.DEFAULT)
     if not dtype.is_complex and dtype != torch.bool:
-        empty = torch.empty((0,), dtype=dtype)
+        empty = torch.empty((0,), dtype=dtype, device="cpu")
         torch.addcmul(empty, empty, empty, value=value)
 
 
@@ -468,7 +468,7 @@ def check_fill_value(value, dtype: torch.dtype) -> bool:
     integer = not (dtype.is_floating_point or dtype.is_complex)
     if not (complex_into_real or (integer and (dtype != torch.int64 or isinstance(value, float)))):
         return False
-    torch.empty((), dtype=dtype).fill_(value)  # raises CPU's error
+    torch.empty((), dtype=dtype, device="cpu").fill_(value)  # raises CPU's error
     return True
 
 

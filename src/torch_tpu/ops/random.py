@@ -168,7 +168,8 @@ def _digits(dtype: torch.dtype) -> int:
 def _as_float_int(value: int, dtype: torch.dtype) -> int:
     """int64 -> dtype -> int64, as C++'s static_casts round it (x86: a value past the
     int64 range, or an infinity, becomes the int64 minimum)."""
-    rounded = torch.tensor(value, dtype=torch.float64).to(dtype).to(torch.float64).item()
+    host = torch.tensor(value, dtype=torch.float64, device="cpu")
+    rounded = host.to(dtype).to(torch.float64).item()
     return int(rounded) if -(2.0**63) <= rounded < 2.0**63 else _INT64_MIN
 
 
