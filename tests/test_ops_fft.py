@@ -43,3 +43,17 @@ def test_fft(norm, mode):
         torch.tpu.synchronize()
     fell = torch_tpu.metrics.snapshot()["fallback_ops"]
     assert not fell, f"ops fell back to the CPU: {sorted(fell)}"
+
+
+@pytest.mark.parametrize("dim", [None, (0,), (-1,), (1, 0), (0, 2), (2, 1)])
+@pytest.mark.parametrize("layout", ["contiguous", "permuted"])
+def test_real_to_complex_results_have_cpus_strides(dim, layout):
+    """CPU lays an rfftn result out with the batch dims outermost (in the input's stride
+    order) and the transformed dims innermost, in the order given; PyTorch's meta kernel
+    transposes a transform over several dims, so tpu's rfftn/rfft2 results were
+    non-contiguous where CPU's are contiguous (`.view(-1)` raised). Values were equal."""
+    x = torch.randn(2, 3, 8) if layout == "contiguous" else torch.randn(8, 3, 2).permute(2, 1, 0)
+    for transform in (torch.fft.rfftn, torch.fft.ihfftn, lambda a, dim: torch.fft.fftn(a, dim=dim)):
+        expected, actual = transform(x, dim=dim), transform(x.to("tpu"), dim=dim)
+        assert actual.stride() == expected.stride()
+        torch.testing.assert_close(actual.cpu(), expected, atol=1e-5, rtol=1e-5)

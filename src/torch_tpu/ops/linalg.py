@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg
 import numpy as np
+import torch
 
 from .. import precision
 from .registry import lower
@@ -450,7 +451,27 @@ def _fft_scale(x, sizes, normalization):
     return x
 
 
-@lower("_fft_r2c.default")
+def _fft_r2c_layout(values: list, result):
+    """CPU's (MKL's) layout of a real-to-complex transform: the batch dims outermost, then
+    the transformed dims but the last, each group in the input's stride order (largest
+    first), then the last transformed (halved) dim: rfft over dim 0 of a matrix has
+    strides (1, n). PyTorch's meta kernel transposes a transform over several dims, where
+    CPU's result is contiguous."""
+    self, dims = values[0], [d % values[0].ndim for d in values[1]]
+
+    def by_stride(group):
+        return sorted(group, key=lambda d: -self.stride(d))
+
+    batch = by_stride(d for d in range(self.ndim) if d not in dims)
+    order = batch + by_stride(dims[:-1]) + dims[-1:]
+    strides, step = [0] * self.ndim, 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= result.shape[d]
+    return torch.empty_strided(result.shape, strides, dtype=result.dtype, device=result.device)
+
+
+@lower("_fft_r2c.default", result_layout=_fft_r2c_layout)
 def fft_r2c(self, dim, normalization, onesided):
     sizes = [self.shape[d] for d in dim]
     out = jnp.fft.fftn(self, axes=dim) if not onesided else jnp.fft.rfftn(self, axes=dim)
