@@ -3,6 +3,8 @@ integer and NaN semantics, and none of them falls back to the CPU."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import assert_same, assert_same_grad, lowered_packets, no_fallback, packet
@@ -836,3 +838,23 @@ def test_complex_parts_broadcast_as_cpu(op, eager_mode):
     (helper-44, PyTorch's test_ops)."""
     a, b = torch.rand(5, 1) + 0.1, torch.randn(5)
     torch.testing.assert_close(op(a.to("tpu"), b.to("tpu")).cpu(), op(a, b))
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.int32, torch.int64, torch.uint8, torch.bool]
+)
+def test_complex_to_real_casts_warn_and_convert_as_on_cpu(dtype):
+    """The real part, then CPU's float conversion (x86 truncation for integers; bool is
+    "nonzero", imaginary part included), with torch's UserWarning: JAX's own cast warned
+    "Casting from complex to real dtypes will soon raise a ValueError"."""
+    # (a shape of its own: the warning comes with the cast's first compile, as CPU warns
+    # once per process)
+    x = torch.tensor([1e10 + 1j, -3.7 + 2j, 0 + 1j, complex("nan")] * 3 + [2.5j]).reshape(13, 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = x.to("tpu").to(dtype).cpu()
+    assert torch.equal(got, x.to(dtype)) or torch.allclose(got, x.to(dtype), equal_nan=True)
+    categories = {type(w.message) for w in caught}
+    assert DeprecationWarning not in categories
+    if dtype is not torch.bool:
+        assert any("discards the imaginary part" in str(w.message) for w in caught)

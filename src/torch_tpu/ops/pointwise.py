@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import jax.numpy as jnp
 import jax.scipy.special as jss
@@ -32,6 +33,12 @@ def convert(x, dtype):
     out of that range or NaN becoming its minimum, then wrap to the target's width
     (-3.7 -> uint8 253, 300.0 -> int8 44)."""
     x, dtype = jnp.asarray(x), jnp.dtype(dtype)
+    if jnp.iscomplexobj(x) and dtype.kind not in "cb":  # (to bool: nonzero, both parts)
+        # CPU's warning, not JAX's ("will soon raise"): the real part, then as a float
+        warnings.warn(
+            "Casting complex values to real discards the imaginary part", UserWarning, stacklevel=2
+        )
+        x = jnp.real(x)
     if not (jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(dtype, jnp.integer)):
         return x.astype(dtype)
     via = jnp.int64 if dtype.itemsize == 8 else jnp.int32
