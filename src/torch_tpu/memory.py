@@ -61,6 +61,12 @@ def _live_bytes() -> int:
     return total
 
 
+def _cached_bytes() -> int:
+    """Device bytes torch_tpu holds as a cache (tensor.cached_zeros_bytes)."""
+    tensor = sys.modules.get("torch_tpu.tensor")
+    return tensor.cached_zeros_bytes() if tensor is not None else 0
+
+
 def _flush() -> None:
     fuse = sys.modules.get("torch_tpu.engine.fuse")
     if fuse is not None:
@@ -77,17 +83,19 @@ def stats() -> dict[str, int]:
     else:
         pjrt = _pjrt_stats() or {}
         if pjrt:
-            current = int(pjrt.get("bytes_in_use", 0))
+            in_use = int(pjrt.get("bytes_in_use", 0))
+            current = in_use - _cached_bytes()
             # PyTorch's reserved is what the allocator holds, tensors' bytes included: a
             # GPU's BFC pool (`pool_bytes`). A TPU has no pool; its `bytes_reserved` is a
             # small region the runtime sets aside beside the tensors (48 KiB on a v5e).
-            reserved = int(pjrt.get("pool_bytes", current + int(pjrt.get("bytes_reserved", 0))))
-            reserved = max(reserved, current)
+            reserved = int(pjrt.get("pool_bytes", in_use + int(pjrt.get("bytes_reserved", 0))))
+            reserved = max(reserved, in_use)
             own_peak = int(pjrt.get("peak_bytes_in_use", current))
             _peak = max(_peak, current)
             peak = own_peak if own_peak > _pjrt_peak_at_reset else _peak
         else:
-            current = reserved = _live_bytes()
+            reserved = _live_bytes()
+            current = reserved - _cached_bytes()
             _peak = peak = max(_peak, current)
     return {
         "allocated_bytes.all.current": current,

@@ -10,6 +10,7 @@ all of them, and the storage is the single source of truth.
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 
 import jax.numpy as jnp
@@ -139,6 +140,7 @@ class Storage:
 _ZEROS: dict = {}  # (shape, dtype) -> the zeros executable
 _SHARED_ZEROS: dict = {}  # (shape, dtype) -> one zeros array, for small storages
 _SHARED_ZEROS_MAX = 1 << 16  # elements: sharing bigger arrays would pin their memory
+_SHARED_ZEROS_BUDGET = 16 << 20  # bytes the table may pin on the device, then it starts over
 _NUMPY_MAX_DIMS = 32  # (numpy 1's limit; PyTorch allows 64 dims)
 cache.on_clear(_ZEROS.clear)
 cache.on_clear(_SHARED_ZEROS.clear)
@@ -155,9 +157,10 @@ def _zeros(shape: tuple, dtype):
     if shared is not None:
         return shared
     if math.prod(shape) <= _SHARED_ZEROS_MAX and len(shape) <= _NUMPY_MAX_DIMS:
-        if len(_SHARED_ZEROS) > 1024:
+        zeros = np.zeros(shape, dtype)
+        if sum(a.nbytes for a in _SHARED_ZEROS.values()) + zeros.nbytes > _SHARED_ZEROS_BUDGET:
             _SHARED_ZEROS.clear()
-        value = _SHARED_ZEROS[key] = platform.put(np.zeros(shape, dtype))
+        value = _SHARED_ZEROS[key] = platform.put(zeros)
         return value
     make = _ZEROS.get(key)
     if make is None:
@@ -165,6 +168,14 @@ def _zeros(shape: tuple, dtype):
             lambda: jnp.zeros(shape, dtype), (), kind="op", name="zeros"
         )
     return make()
+
+
+def cached_zeros_bytes() -> int:
+    """Bytes of the shared zeros arrays that no storage holds: a cache's, as a caching
+    allocator's free blocks are, so memory statistics count them reserved, not
+    allocated (torch.ones of a new size left its size "allocated" after del)."""
+    # held by the table, the loop and getrefcount's argument alone
+    return sum(a.nbytes for a in _SHARED_ZEROS.values() if sys.getrefcount(a) <= 3)
 
 
 class Fresh:
