@@ -189,6 +189,38 @@ def test_gamma_dirichlet_and_poisson_draw_cpus_distributions(dtype):
     assert error[1:].abs().max() < 4
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_binomial_draws_cpus_distribution_and_edges(dtype):
+    """torch.distributions.Binomial samples through aten::binomial, which ran on the CPU."""
+    count = torch.tensor([5.0, 40.0, 1000.0, 1e6], dtype=dtype)
+    prob = torch.tensor([0.3, 0.5, 0.01, 0.7], dtype=dtype)
+    draws = torch.binomial(
+        count.to("tpu").expand(N, 4).contiguous(), prob.to("tpu").expand(N, 4).contiguous()
+    ).cpu()
+    assert draws.dtype == dtype and torch.equal(draws, draws.round())
+    mean, var = draws.double().mean(0), (count * prob * (1 - prob)).double()
+    assert ((mean - count * prob) / (var / N) ** 0.5).abs().max() < 4
+    assert ((draws.double().var(0) / var) - 1).abs().max() < 0.1
+    # CPU: a negative count has no successes, p above 1 succeeds every time, NaN p gives NaN
+    edge = torch.tensor([-1.0, 7.0, 7.0, 7.0, 3.0], dtype=dtype)
+    p = torch.tensor([0.5, 1.0, 0.0, 1.5, math.nan], dtype=dtype)
+    expected = torch.binomial(edge, p)
+    assert torch.equal(expected[:4], torch.tensor([0.0, 7.0, 0.0, 7.0], dtype=dtype))
+    got = torch.binomial(edge.to("tpu"), p.to("tpu")).cpu()
+    assert torch.equal(got[:4], expected[:4]) and got[4].isnan() and expected[4].isnan()
+
+
+def test_binomial_refuses_what_cpu_refuses():
+    for count, prob in (
+        (torch.tensor([3]), torch.tensor([1])),  # integer counts
+        (torch.tensor([3.0]), torch.tensor([0.5], dtype=torch.float64)),  # mixed dtypes
+    ):
+        with pytest.raises(Exception) as on_cpu:
+            torch.binomial(count, prob)
+        with pytest.raises(type(on_cpu.value), match=str(on_cpu.value)[:40]):
+            torch.binomial(count.to("tpu"), prob.to("tpu"))
+
+
 def test_poisson_negative_rate_is_reported_as_on_cpu():
     with pytest.raises(RuntimeError, match="invalid Poisson rate"):
         torch.poisson(torch.tensor([1.0, -1.0]))

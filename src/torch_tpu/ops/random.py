@@ -359,3 +359,33 @@ def poisson(key, self, generator=None):
     """Counts in the rate's dtype; half rates drawn from float32."""
     rate = self.astype(_sampling_dtype(self.dtype))
     return _flat_draw(jax.random.poisson, key, rate, jnp.int64).astype(self.dtype)
+
+
+def _check_binomial(values: list) -> bool:
+    """CPU's kernel's checks (its meta kernel has none): floating counts, one dtype."""
+    count, prob = values[0], values[1]
+    for name, t in (("count", count), ("prob", prob)):
+        if not t.dtype.is_floating_point:
+            raise ValueError(
+                f"binomial only supports floating-point dtypes for {name}, got: "
+                f"{scalar_type_name(t.dtype)}"
+            )
+    if prob.dtype != count.dtype:
+        raise RuntimeError(
+            f"Found dtype {scalar_type_name(prob.dtype)} but expected "
+            f"{scalar_type_name(count.dtype)}"
+        )
+    return False
+
+
+@lower("binomial.default", random=True, check=_check_binomial)
+def binomial(key, count, prob, generator=None):
+    """Successes in `count` trials: a negative count has none, a probability above 1
+    succeeds every time and a NaN one gives NaN, as on CPU; a fractional count (outside
+    the distribution) is taken as its floor."""
+    dtype = _sampling_dtype(count.dtype)
+    shape = jnp.broadcast_shapes(count.shape, prob.shape)
+    n = jnp.broadcast_to(jnp.maximum(jnp.floor(count.astype(dtype)), 0), shape).reshape(-1)
+    p = jnp.broadcast_to(prob.astype(dtype), shape).reshape(-1)
+    drawn = jax.random.binomial(key, n, jnp.clip(p, 0, 1), dtype=dtype)
+    return jnp.where(jnp.isnan(p), jnp.nan, drawn).reshape(shape).astype(count.dtype)
