@@ -385,3 +385,31 @@ def test_cdist_gradient_of_an_empty_batch_has_the_input_shape(shape1, shape2, ea
     check (PyTorch's cdist OpInfo samples)."""
     x1, x2 = torch.randn(shape1), torch.randn(shape2)
     assert_same_grad(torch.cdist, x1, x2)
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "left"),
+    [
+        ((4, 4), (2, 1, 3, 4, 2), True),  # A broadcast over B's batch
+        ((1, 3, 1, 4, 4), (2, 1, 3, 4, 5), True),  # both broadcast
+        ((5, 5), (2, 0, 5, 3), True),  # an empty batch
+        ((4, 4), (2, 3, 5, 4), False),  # X A = B
+        ((3, 4, 4), (4,), True),  # a vector right-hand side
+    ],
+)
+def test_solve_broadcasts_a_against_b_as_on_cpu(a_shape, b_shape, left):
+    """linalg.solve factors A itself (the LU, pivots and info it returns have A's batch
+    shape) and broadcasts the factors against B: tpu factored A broadcast to B's batch and
+    raised "lowering of _linalg_solve_ex produced shape (2, 1, 3, 4, 4), PyTorch expects
+    (4, 4)". Found by PyTorch's test_linalg on tpu. Values and gradients as CPU's."""
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(a_shape, generator=g, dtype=torch.float64) + 4 * torch.eye(a_shape[-1])
+    B = torch.randn(b_shape, generator=g, dtype=torch.float64)
+    results = {}
+    for device in ("cpu", "tpu"):
+        a, b = (t.to(device).detach().clone().requires_grad_() for t in (A, B))
+        x = torch.linalg.solve(a, b, left=left)
+        x.sum().backward()
+        results[device] = [x.detach().cpu(), a.grad.cpu(), b.grad.cpu()]
+    for cpu, tpu in zip(results["cpu"], results["tpu"]):
+        torch.testing.assert_close(tpu, cpu)

@@ -225,9 +225,12 @@ def linalg_inv_ex(A, check_errors=False):
 def linalg_solve_ex(A, B, left=True, check_errors=False):
     vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
     rhs = B[..., None] if vector else B
-    A_b, rhs = _batch_broadcast(A, rhs)
-    lu, pivots, perm = _lu(A_b)
-    x = _solve_sided(lu, perm, rhs, left, False)
+    # A's own factors (the LU, pivots and info CPU returns have A's batch shape), then
+    # the solve with them broadcast against B's batch
+    lu, pivots, perm = _lu(A)
+    lu_b, rhs = _batch_broadcast(lu, rhs)
+    perm_b = jnp.broadcast_to(perm, lu_b.shape[:-1])
+    x = _solve_sided(lu_b, perm_b, rhs, left, False)
     return (x[..., 0] if vector else x), lu, pivots, _singular_info(lu)
 
 
