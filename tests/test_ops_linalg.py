@@ -413,3 +413,32 @@ def test_solve_broadcasts_a_against_b_as_on_cpu(a_shape, b_shape, left):
         results[device] = [x.detach().cpu(), a.grad.cpu(), b.grad.cpu()]
     for cpu, tpu in zip(results["cpu"], results["tpu"]):
         torch.testing.assert_close(tpu, cpu)
+
+
+@pytest.mark.parametrize("driver", [None, "gels", "gelsy", "gelsd", "gelss"])
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_lstsq_of_a_vector_right_hand_side_matches_cpu(driver, batch):
+    """b with one dim fewer than A is a vector: its solution has no column dim. tpu read
+    it as a matrix's last row and returned a (3, 3) solution of other numbers, without
+    an error (found by PyTorch's test_linalg on tpu)."""
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(*batch, 4, 3, generator=g, dtype=torch.float64)
+    b = torch.randn(*batch, 4, generator=g, dtype=torch.float64)
+    cpu = torch.linalg.lstsq(A, b, driver=driver)
+    tpu = torch.linalg.lstsq(A.to("tpu"), b.to("tpu"), driver=driver)
+    for name in ("solution", "residuals", "rank", "singular_values"):
+        got, expected = getattr(tpu, name).cpu(), getattr(cpu, name)
+        torch.testing.assert_close(got, expected, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "driver"),
+    [((4,), (4,), None), ((4, 3), (), None), ((4, 3), (5,), None), ((4, 3), (5, 2), None),
+     ((2, 4, 3), (4,), None), ((4, 3), (4,), "fictitious")],
+)  # fmt: skip
+def test_lstsq_bad_arguments_raise_as_on_cpu(a_shape, b_shape, driver):
+    assert_same_error(
+        lambda device: torch.linalg.lstsq(
+            torch.ones(a_shape, device=device), torch.ones(b_shape, device=device), driver=driver
+        )
+    )

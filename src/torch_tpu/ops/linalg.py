@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .. import precision
+from .pointwise import scalar_type_name
 from .registry import lower
 
 _tri_solve = jax.lax.linalg.triangular_solve
@@ -357,12 +358,53 @@ def linalg_eigh(A, UPLO="L", compute_v=True):
     return values, (vectors if compute_v else jnp.zeros((0,), A.dtype))
 
 
-@lower("linalg_lstsq.default", dynamic_shape=True)
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def _check_lstsq(values: list) -> bool:
+    """CPU's checks, in its order and words (its meta kernel lacks them: JAX's errors
+    surfaced, and an unknown driver ran)."""
+    A, B, driver = values[0], values[1], values[3] if len(values) > 3 else None
+
+    def check(ok: bool, words: str) -> None:
+        if not ok:
+            raise RuntimeError(f"torch.linalg.lstsq: {words}")
+
+    check(A.dim() >= 2, "input must have at least 2 dimensions.")
+    check(B.dim() >= 1, "other must have at least 1 dimension.")
+    check(
+        A.dtype == B.dtype,
+        f"Expected input and other to have the same dtype, but got input's dtype "
+        f"{scalar_type_name(A.dtype)} and other's dtype {scalar_type_name(B.dtype)}",
+    )
+    difference = A.dim() - B.dim()
+    check(
+        0 <= difference <= 1,
+        "input.dim() must be greater or equal to other.dim() and "
+        "(input.dim() - other.dim()) <= 1",
+    )
+    vector = difference == 1
+    rows = B.shape[-1] if vector else B.shape[-2]
+    check(
+        A.shape[-2] == rows,
+        f"input.size(-2) should match other.size({-1 if vector else -2})",
+    )
+    check(
+        driver is None or driver in _LSTSQ_DRIVERS,
+        f"parameter `driver` should be one of ({', '.join(_LSTSQ_DRIVERS)})",
+    )
+    return False
+
+
+@lower("linalg_lstsq.default", dynamic_shape=True, check=_check_lstsq)
 def linalg_lstsq(self, b, rcond=None, driver=None):
     """Minimum-norm least squares through the SVD. Residuals exist only when every
     matrix is tall and of full rank, so their shape depends on values; which
-    outputs are filled follows the LAPACK driver PyTorch's CPU would use."""
-    A, B = _batch_broadcast(self, b)
+    outputs are filled follows the LAPACK driver PyTorch's CPU would use. A vector b
+    (one dim fewer than the input) is solved as a one-column matrix, its solution
+    squeezed (the residuals keep that column, as CPU's do)."""
+    vector = b.ndim == self.ndim - 1
+    A, B = _batch_broadcast(self, b[..., None] if vector else b)
     m, n = A.shape[-2:]
     u, s, vh = jnp.linalg.svd(A, full_matrices=False)
     eps = jnp.finfo(s.dtype).eps
@@ -379,7 +421,7 @@ def linalg_lstsq(self, b, rcond=None, driver=None):
     if driver == "gels":
         rank = jnp.zeros((0,), jnp.int64)
     values = s if driver in ("gelsd", "gelss") else jnp.zeros((0,), s.dtype)
-    return x, residuals, rank, values
+    return (x[..., 0] if vector else x), residuals, rank, values
 
 
 # ------------------------------------------------------------- distances
