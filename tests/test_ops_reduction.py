@@ -574,3 +574,11 @@ def test_nansum_over_no_dims_is_refused_not_answered_unreduced(reduce, eager_mod
     for dim in (None, (0, 1), 1):
         torch.testing.assert_close(reduce(x.to("tpu"), dim=dim).cpu(), reduce(x, dim=dim))
     torch.testing.assert_close(reduce(x[0, 0].to("tpu"), dim=[]).cpu(), reduce(x[0, 0], dim=[]))
+
+
+def test_vector_norm_of_a_complex_order_raises_as_on_cpu():
+    """PyTorch's meta kernel raised a TypeError ('<' not supported between complex and
+    float) where CPU raises its RuntimeError (found by PyTorch's test_linalg on tpu)."""
+    assert_same_error(
+        lambda device: torch.linalg.vector_norm(torch.ones(3, device=device), ord=1j)
+    )

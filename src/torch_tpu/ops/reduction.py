@@ -651,7 +651,16 @@ def _vector_norm(x, ord, dim, keepdim, dtype=None):
     return jnp.sum(x**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
 
 
-@lower("linalg_vector_norm.default", static_scalars=True)
+def _check_vector_norm_order(values: list) -> bool:
+    """CPU's refusal of a complex order (PyTorch's meta kernel raises a TypeError)."""
+    if len(values) > 1 and isinstance(values[1], complex):
+        raise RuntimeError(
+            "linalg.vector_norm: Expected a non-complex scalar as the order of norm."
+        )
+    return False
+
+
+@lower("linalg_vector_norm.default", static_scalars=True, check=_check_vector_norm_order)
 def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None):
     return _vector_norm(self, ord, dim, keepdim, dtype)
 
