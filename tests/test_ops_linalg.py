@@ -434,7 +434,8 @@ def test_lstsq_of_a_vector_right_hand_side_matches_cpu(driver, batch):
 @pytest.mark.parametrize(
     ("a_shape", "b_shape", "driver"),
     [((4,), (4,), None), ((4, 3), (), None), ((4, 3), (5,), None), ((4, 3), (5, 2), None),
-     ((2, 4, 3), (4,), None), ((4, 3), (4,), "fictitious")],
+     ((2, 4, 3), (4,), None), ((4, 3), (4,), "fictitious"),
+     ((1, 1, 1), (3, 1), None)],  # one dim fewer but not A's shape less a dim: a matrix
 )  # fmt: skip
 def test_lstsq_bad_arguments_raise_as_on_cpu(a_shape, b_shape, driver):
     assert_same_error(

@@ -120,6 +120,12 @@ def _batch_broadcast(*arrays):
     return [jnp.broadcast_to(a, batch + a.shape[-2:]) for a in arrays]
 
 
+def _vector_rhs(a_shape, b_shape) -> bool:
+    """PyTorch's rule for a right-hand side that is a vector (or a batch of them): one
+    dim, or A's shape without its last dim; anything else is a matrix."""
+    return len(b_shape) == 1 or tuple(b_shape) == tuple(a_shape[:-1])
+
+
 def _lu(a):
     """(LU, 1-based int32 pivots, row permutation with a[perm] == L @ U)."""
     lu, pivots, perm = jax.lax.linalg.lu(a)
@@ -224,7 +230,7 @@ def linalg_inv_ex(A, check_errors=False):
 
 @lower("_linalg_solve_ex.default")
 def linalg_solve_ex(A, B, left=True, check_errors=False):
-    vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+    vector = _vector_rhs(A.shape, B.shape)
     rhs = B[..., None] if vector else B
     # A's own factors (the LU, pivots and info CPU returns have A's batch shape), then
     # the solve with them broadcast against B's batch
@@ -380,10 +386,9 @@ def _check_lstsq(values: list) -> bool:
     difference = A.dim() - B.dim()
     check(
         0 <= difference <= 1,
-        "input.dim() must be greater or equal to other.dim() and "
-        "(input.dim() - other.dim()) <= 1",
+        "input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1",
     )
-    vector = difference == 1
+    vector = _vector_rhs(A.shape, B.shape)
     rows = B.shape[-1] if vector else B.shape[-2]
     check(
         A.shape[-2] == rows,
@@ -403,7 +408,7 @@ def linalg_lstsq(self, b, rcond=None, driver=None):
     outputs are filled follows the LAPACK driver PyTorch's CPU would use. A vector b
     (one dim fewer than the input) is solved as a one-column matrix, its solution
     squeezed (the residuals keep that column, as CPU's do)."""
-    vector = b.ndim == self.ndim - 1
+    vector = _vector_rhs(self.shape, b.shape)
     A, B = _batch_broadcast(self, b[..., None] if vector else b)
     m, n = A.shape[-2:]
     u, s, vh = jnp.linalg.svd(A, full_matrices=False)
