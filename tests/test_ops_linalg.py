@@ -443,3 +443,19 @@ def test_lstsq_bad_arguments_raise_as_on_cpu(a_shape, b_shape, driver):
             torch.ones(a_shape, device=device), torch.ones(b_shape, device=device), driver=driver
         )
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex128])
+def test_cholesky_info_names_the_failing_leading_minor_as_on_cpu(dtype):
+    """cholesky_ex's info is LAPACK's: the order of the first leading minor that is not
+    positive-definite. XLA's factor is NaN throughout on failure, and tpu reported 1 for
+    every failure (so linalg.cholesky's error named "the leading minor of order 1")."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, 5, generator=g, dtype=dtype)
+    a = x @ x.mH + 0.1 * torch.eye(5, dtype=dtype)
+    for b, k in ((0, 4), (2, 2), (3, 0), (5, 1)):  # a negative pivot at order k + 1
+        a[b, k, k] = -10 * a[b, k, k].abs()
+    expected = torch.linalg.cholesky_ex(a).info
+    assert expected.tolist() == [5, 0, 3, 1, 0, 2]  # (the cases are what they claim)
+    assert torch.equal(torch.linalg.cholesky_ex(a.to("tpu")).info.cpu(), expected)
+    assert_same_error(lambda device: torch.linalg.cholesky(a[2].to(device)))

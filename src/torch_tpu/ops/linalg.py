@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg
 import numpy as np
 import torch
+from jax import lax
 
 from .. import precision
 from .pointwise import scalar_type_name
@@ -313,13 +314,43 @@ def _cholesky(a, upper):
     return jnp.conj(jnp.swapaxes(L, -1, -2)) if upper else L
 
 
+def _cholesky_info(a):
+    """LAPACK's potrf info for each matrix: 1 + the first k whose pivot
+    a_kk - sum_{j<k} |L_kj|^2 is not positive (or is NaN), else 0. XLA's factor is NaN
+    throughout once any pivot fails, so this runs an unblocked factorisation of a's
+    lower triangle, only carrying on past a failed pivot to reach the rest."""
+    n = a.shape[-1]
+    strict = jnp.tril(a, -1)
+    work = strict + jnp.conj(jnp.swapaxes(strict, -1, -2)) + jnp.tril(jnp.triu(a))
+    rows = jnp.arange(n)
+
+    def step(k, state):
+        work, info = state
+        pivot = jnp.real(work[..., k, k])
+        bad = ~(pivot > 0)
+        info = jnp.where((info == 0) & bad, k + 1, info)
+        column = work[..., :, k] / jnp.sqrt(jnp.where(bad, 1, pivot))[..., None]
+        column = jnp.where(rows > k, column, 0)
+        return work - column[..., :, None] * jnp.conj(column[..., None, :]), info
+
+    info = jnp.zeros(a.shape[:-2], jnp.int32)
+    return lax.fori_loop(0, n, step, (work, info))[1]
+
+
 @lower("linalg_cholesky_ex.default")
 def linalg_cholesky_ex(self, upper=False, check_errors=False):
-    """info approximates LAPACK's: 1 + the first NaN pivot (XLA does not report
-    which leading minor failed)."""
+    """info is LAPACK's (the failing leading minor), worked out only when XLA's factor
+    failed somewhere in the batch."""
     factor = _cholesky(self, upper)
-    failed = jnp.isnan(jnp.real(jnp.diagonal(factor, axis1=-2, axis2=-1)))
-    return factor, _first_failure(failed)
+    failed = jnp.isnan(jnp.real(jnp.diagonal(factor, axis1=-2, axis2=-1))).any(-1)
+    if self.shape[-1] == 0:
+        return factor, jnp.zeros(self.shape[:-2], jnp.int32)
+    info = lax.cond(
+        jnp.any(failed),
+        lambda: jnp.where(failed, _cholesky_info(self), 0).astype(jnp.int32),
+        lambda: jnp.zeros(self.shape[:-2], jnp.int32),
+    )
+    return factor, info
 
 
 @lower("cholesky.default")
