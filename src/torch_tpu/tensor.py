@@ -141,9 +141,19 @@ _ZEROS: dict = {}  # (shape, dtype) -> the zeros executable
 _SHARED_ZEROS: dict = {}  # (shape, dtype) -> one zeros array, for small storages
 _SHARED_ZEROS_MAX = 1 << 16  # elements: sharing bigger arrays would pin their memory
 _SHARED_ZEROS_BUDGET = 16 << 20  # bytes the table may pin on the device, then it starts over
+_SHARED_ZEROS_ENTRIES = 1024  # (memory statistics look at each entry)
+_shared_zeros_bytes = 0
 _NUMPY_MAX_DIMS = 32  # (numpy 1's limit; PyTorch allows 64 dims)
+
+
+def _clear_shared_zeros() -> None:
+    global _shared_zeros_bytes
+    _SHARED_ZEROS.clear()
+    _shared_zeros_bytes = 0
+
+
 cache.on_clear(_ZEROS.clear)
-cache.on_clear(_SHARED_ZEROS.clear)
+cache.on_clear(_clear_shared_zeros)
 
 
 def _zeros(shape: tuple, dtype):
@@ -157,10 +167,13 @@ def _zeros(shape: tuple, dtype):
     if shared is not None:
         return shared
     if math.prod(shape) <= _SHARED_ZEROS_MAX and len(shape) <= _NUMPY_MAX_DIMS:
+        global _shared_zeros_bytes
         zeros = np.zeros(shape, dtype)
-        if sum(a.nbytes for a in _SHARED_ZEROS.values()) + zeros.nbytes > _SHARED_ZEROS_BUDGET:
-            _SHARED_ZEROS.clear()
+        full = len(_SHARED_ZEROS) >= _SHARED_ZEROS_ENTRIES
+        if full or _shared_zeros_bytes + zeros.nbytes > _SHARED_ZEROS_BUDGET:
+            _clear_shared_zeros()
         value = _SHARED_ZEROS[key] = platform.put(zeros)
+        _shared_zeros_bytes += zeros.nbytes
         return value
     make = _ZEROS.get(key)
     if make is None:
