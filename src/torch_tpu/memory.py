@@ -87,7 +87,7 @@ def stats() -> dict[str, int]:
             current = in_use - _cached_bytes()
             # PyTorch's reserved is what the allocator holds, tensors' bytes included: a
             # GPU's BFC pool (`pool_bytes`). A TPU has no pool; its `bytes_reserved` is a
-            # small region the runtime sets aside beside the tensors (48 KiB on a v5e).
+            # small region the runtime sets aside beside the tensors (16-48 KiB on a v5e).
             reserved = int(pjrt.get("pool_bytes", in_use + int(pjrt.get("bytes_reserved", 0))))
             reserved = max(reserved, in_use)
             own_peak = int(pjrt.get("peak_bytes_in_use", current))
