@@ -31,6 +31,12 @@ JAX_TO_TORCH: dict[jnp.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.item
 HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
+def opmath_float(dtype) -> jnp.dtype:
+    """The floating dtype CPU's kernels compute a floating dtype in: float64 for
+    float64, float32 for float32 and the half types."""
+    return jnp.dtype(jnp.float64) if jnp.dtype(dtype) == jnp.float64 else jnp.dtype(jnp.float32)
+
+
 def widen_half(x):
     """A half-precision array widened to float32 for computing (CPU's opmath type);
     any other array, or None, as it is."""

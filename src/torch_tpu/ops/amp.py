@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from ..dtypes import opmath_float
 from .registry import lower
 
 
@@ -35,7 +36,7 @@ def _unscale(grads, found_inf, inv_scale):
     unscaled = []
     for g in grads:
         nonfinite = nonfinite | ~jnp.all(jnp.isfinite(g))
-        compute = jnp.float64 if g.dtype == jnp.float64 else jnp.float32
+        compute = opmath_float(g.dtype)
         unscaled.append((g.astype(compute) * inv_scale.reshape(()).astype(compute)).astype(g.dtype))
     return unscaled, jnp.where(nonfinite, jnp.ones_like(found_inf), found_inf)
 

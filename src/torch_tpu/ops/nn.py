@@ -1379,7 +1379,7 @@ def _interpolate(x, output_size, align_corners, scales, taps):
     x = _up(x)
     # coordinates and weights in float64 for a float64 image, as CPU's kernels (float32
     # ones there lost float64's precision without a sign: 0.4 came out 0.40000003577)
-    coordinates = np.float64 if x.dtype == jnp.float64 else np.float32
+    coordinates = dtypes.opmath_float(x.dtype).type
     n = len(output_size)
     passes = list(zip(range(x.ndim - n, x.ndim), output_size, scales))
     if integer:  # (CPU's uint8 kernels resize the last axis first, clamping in between)

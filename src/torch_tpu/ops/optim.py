@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from ..dtypes import opmath_float
 from .registry import lower
-
-
-def _opmath(x) -> jnp.dtype:
-    return jnp.dtype(jnp.float64) if x.dtype == jnp.float64 else jnp.dtype(jnp.float32)
 
 
 def _f64(value):
@@ -97,7 +94,7 @@ def _adam(decoupled: bool):
         weight_decay, eps = _f64(weight_decay), _f64(eps)
         new = ([], [], [], [], [])
         for i in range(n):
-            m = _opmath(self[i])
+            m = opmath_float(self[i].dtype)
             # the CPU kernel reads the step as a float, then computes in double
             t = state_steps[i].reshape(()).astype(jnp.float32).astype(jnp.float64)
             bias_correction1 = 1 - beta1**t
@@ -175,7 +172,7 @@ def fused_sgd(
     weight_decay, momentum, lr, dampening = map(_f64, (weight_decay, momentum, lr, dampening))
     new = ([], [], [])
     for i in range(n):
-        m = _opmath(self[i])
+        m = opmath_float(self[i].dtype)
         param = self[i].astype(m)
         stored, g = _gradient(grads[i], param, grad_scale, weight_decay, maximize, m)
         if has_buffers:
@@ -227,7 +224,7 @@ def fused_adagrad(
     lr, lr_decay, weight_decay, eps = map(_f64, (lr, lr_decay, weight_decay, eps))
     new = ([], [], [])
     for i in range(n):
-        m = _opmath(self[i])
+        m = opmath_float(self[i].dtype)
         t = state_steps[i].reshape(()).astype(jnp.float32).astype(jnp.float64)
         clr = (lr / (1 + (t - 1) * lr_decay)).astype(m)
         param = self[i].astype(m)

@@ -104,7 +104,7 @@ def cauchy_(key, self, median=0.0, sigma=1.0, generator=None):
 @lower("geometric_.default", random=True, elementwise_draw=True)
 def geometric_(key, self, p, generator=None):
     """Trials up to the first success: support 1, 2, 3, ..."""
-    u = _uniform(key, self.shape, jnp.float64 if self.dtype == jnp.float64 else jnp.float32)
+    u = _uniform(key, self.shape, dtypes.opmath_float(self.dtype))
     return jnp.floor(jnp.log1p(-u) / jnp.log1p(-p)) + 1
 
 
@@ -308,13 +308,9 @@ def multinomial(key, self, num_samples, replacement=False, generator=None):
 
 def _flat_draw(sample, key, parameter, dtype):
     """`sample(key, parameter, dtype=dtype)` over a flat copy of the parameter (see
-    rng.draw: flat draws compile faster), in the parameter's shape."""
+    rng.draw: flat draws compile faster), in the parameter's shape. (JAX's samplers take
+    no half dtypes: callers draw in `dtypes.opmath_float`.)"""
     return sample(key, parameter.reshape(-1), dtype=dtype).reshape(parameter.shape)
-
-
-def _sampling_dtype(dtype):
-    """float64 for float64, float32 for the rest (JAX's samplers take no half types)."""
-    return jnp.float64 if dtype == jnp.float64 else jnp.float32
 
 
 @lower("_standard_gamma.default", random=True)
@@ -323,7 +319,7 @@ def standard_gamma(key, self, generator=None):
     a sample at the dtype's smallest normal number, which is also its answer for a
     concentration <= 0 or NaN."""
     tiny = jnp.asarray(jnp.finfo(self.dtype).tiny, self.dtype)
-    sample = _flat_draw(jax.random.gamma, key, self, _sampling_dtype(self.dtype))
+    sample = _flat_draw(jax.random.gamma, key, self, dtypes.opmath_float(self.dtype))
     return jnp.where(self > 0, jnp.maximum(sample.astype(self.dtype), tiny), tiny)
 
 
@@ -339,7 +335,7 @@ def sample_dirichlet(key, self, generator=None):
     float64: a concentration of 1e-3 underflows a float32 gamma sample), then held in
     [smallest normal, the float below 1] as CPU holds them; a concentration <= 0 or NaN
     draws CPU's floor, and a row a NaN reaches gets the floor, as CPU's clamp gives."""
-    dtype, sampled = self.dtype, _sampling_dtype(self.dtype)
+    dtype, sampled = self.dtype, dtypes.opmath_float(self.dtype)
     floor = jnp.asarray(np.log(np.finfo(np.float64).tiny), sampled)  # CPU's, in log space
     logs = jnp.where(self > 0, _flat_draw(jax.random.loggamma, key, self, sampled), floor)
     value = jax.nn.softmax(logs, axis=-1).astype(dtype)
@@ -357,7 +353,7 @@ def _poisson_device_check(self, *rest) -> list:
 @lower("poisson.default", random=True, device_check=_poisson_device_check)
 def poisson(key, self, generator=None):
     """Counts in the rate's dtype; half rates drawn from float32."""
-    rate = self.astype(_sampling_dtype(self.dtype))
+    rate = self.astype(dtypes.opmath_float(self.dtype))
     return _flat_draw(jax.random.poisson, key, rate, jnp.int64).astype(self.dtype)
 
 
@@ -383,7 +379,7 @@ def binomial(key, count, prob, generator=None):
     """Successes in `count` trials: a negative count has none, a probability above 1
     succeeds every time and a NaN one gives NaN, as on CPU; a fractional count (outside
     the distribution) is taken as its floor."""
-    dtype = _sampling_dtype(count.dtype)
+    dtype = dtypes.opmath_float(count.dtype)
     shape = jnp.broadcast_shapes(count.shape, prob.shape)
     n = jnp.broadcast_to(jnp.maximum(jnp.floor(count.astype(dtype)), 0), shape).reshape(-1)
     p = jnp.broadcast_to(prob.astype(dtype), shape).reshape(-1)
