@@ -5,6 +5,11 @@ For a machine where a figure is far from its floor for reasons this repo's machi
 not show (a TPU VM's host: docs/on_tpu.md), so one run there says which part of the
 Python or which JAX entry point is slow.
 
+Before the profiles, the parts of one strict `a + b` timed alone (no profiler): PyTorch's
+dispatch to a Python kernel, the executor's fast-path steps, its executable called
+directly, making the result tensor, and JAX's own jitted and ahead-of-time add beside
+them, so the sum of the parts shows which one a slow host pays for.
+
 Run: python benchmarks/profile_host.py [--top 20]
 """
 
@@ -17,9 +22,15 @@ import pstats
 import sys
 from pathlib import Path
 
+import time
+
+import jax
 import torch
 
 import torch_tpu
+from torch_tpu.engine import executor, fastpath
+from torch_tpu.engine.executor import device_value
+from torch_tpu.tensor import Fresh
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its siblings
 
@@ -43,12 +54,78 @@ def _profile(label: str, fn, calls: int, top: int) -> None:
             print(line)
 
 
+def _per_call(fn, inner: int = 2000) -> float:
+    """Best mean microseconds per call over five timings."""
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        best = min(best, (time.perf_counter() - start) / inner)
+    return best * 1e6
+
+
+_LIB = torch.library.Library("torch_tpu_profile", "FRAGMENT")
+_LIB.define("passthrough(Tensor a, Tensor b) -> Tensor")
+_LIB.impl("passthrough", lambda a, b: a, "PrivateUse1")
+
+
+def _parts(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Microseconds of each part of a repeat strict `a + b`, each timed alone."""
+    with torch.tpu.set_eager_mode("strict"):
+        for _ in range(20):
+            a + b
+        torch.tpu.synchronize()
+        spec, entry = next(
+            (key[0], e) for key, e in fastpath._FAST.items() if key[0].schema.name == "aten::add.Tensor"
+        )
+        values = spec.schema.bind((a, b), {})
+        _, storages, dynamic = fastpath.signature(spec, values)
+        arrays = tuple(s.array() for s in storages)
+        ja, jb = device_value(a), device_value(b)
+        jadd = jax.jit(lambda x, y: x + y)
+        aot = jadd.lower(ja, jb).compile()
+        fresh = Fresh((64, 64), torch.float32, None)
+        passthrough = torch.ops.torch_tpu_profile.passthrough
+        parts = {
+            "a + b (all of it)": lambda: a + b,
+            "PyTorch's dispatch to a Python kernel": lambda: passthrough(a, b),
+            "executor.run": lambda: executor.run(spec, (a, b), {}),
+            "  schema.bind": lambda: spec.schema.bind((a, b), {}),
+            "  fastpath.signature": lambda: fastpath.signature(spec, values),
+            "  the plain call (executable + result tensor)": lambda: entry.plain(storages, dynamic),
+            "    our executable, called alone": lambda: entry.fn(arrays, (), ()),
+            "    making the result tensor": lambda: fresh.make(ja),
+            "floor: JAX's add, its result made a tensor": lambda: fresh.make(jadd(ja, jb)),
+            "JAX: jax.jit(add)(x, y)": lambda: jadd(ja, jb),
+            "JAX: the same, compiled ahead of time": lambda: aot(ja, jb),
+        }
+        times = {name: _per_call(fn) for name, fn in parts.items()}
+        torch.tpu.synchronize()
+    print("== strict a + b, 64x64: each part alone, us per call (best of 5)")
+    for name, us in times.items():
+        print(f"  {name:48s} {us:8.1f}")
+
+
+def _host_per_step(label: str, step, steps: int = 100) -> None:
+    """Wall and calling-thread CPU time per step (each step waits for its loss): where
+    the thread time is most of the wall time, the step is bound by the host."""
+    for _ in range(5):
+        step()
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(steps):
+        step()
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    print(f"== {label}: {wall / steps * 1e3:.2f} ms per step, {cpu / steps * 1e3:.2f} ms of it the host thread's CPU")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args()
     print(f"platform: {torch_tpu.platform.platform()}")
     a, b = torch.randn(64, 64, device="tpu"), torch.randn(64, 64, device="tpu")
+    _parts(a, b)
     with torch.tpu.set_eager_mode("strict"):
         _profile("strict a + b, 64x64", lambda: a + b, 3000, args.top)
 
@@ -56,6 +133,10 @@ def main() -> None:
 
     model, opt, inputs, targets, loss_fn = gpt_parts("gpt_small", "tpu")
     step = torch_tpu.compile_step(model, opt, loss_fn)
+    _host_per_step("compile_step, gpt_small", lambda: step(inputs, targets).item())
+    from bench_step import jax_step
+
+    _host_per_step("the same step in JAX, jitted whole, state donated", jax_step("gpt_small", []))
     _profile("compile_step, gpt_small", lambda: step(inputs, targets), 200, args.top)
 
 

@@ -5,6 +5,7 @@ buffer is never read after XLA reused it, and unsupported steps raise clearly.""
 from __future__ import annotations
 
 import copy
+import io
 
 import numpy as np
 import pytest
@@ -104,6 +105,63 @@ def test_sgd_with_batch_norm_matches_cpu_and_objects_stay_valid(sgd_run):
 
 def test_adamw_matches_cpu():
     _assert_run_matches(_train_both("adamw", steps=3, schedule=True))
+
+
+def _step_storages(optimizer) -> set:
+    return {s["step"].untyped_storage().data_ptr() for s in optimizer.state.values()}
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("foreach", [False, True])
+def test_packed_step_counters_count_as_on_cpu_in_every_later_use(foreach, mode):
+    """compile_step makes Adam's per-parameter step counters views of one tensor (one
+    executable argument instead of one per parameter). Eager optimizer steps (foreach or
+    per tensor: writes into views of one storage), a checkpoint round trip and
+    compile_step again must all count and update exactly as CPU's separate counters."""
+    with torch.tpu.set_eager_mode(mode):
+        _packed_counters_run(foreach)
+
+
+def _packed_counters_run(foreach: bool) -> None:
+    cpu = _mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu_opt = torch.optim.AdamW(cpu.parameters(), lr=0.01, foreach=foreach)
+    tpu_opt = torch.optim.AdamW(tpu.parameters(), lr=0.01, foreach=foreach)
+    loss_fn = nn.functional.cross_entropy
+    step = torch_tpu.compile_step(tpu, tpu_opt, loss_fn)
+    x, y = _batch()
+    xt, yt = x.to("tpu"), y.to("tpu")
+
+    def cpu_step():
+        cpu_opt.zero_grad()
+        loss = loss_fn(cpu(x), y)
+        loss.backward()
+        cpu_opt.step()
+        return loss.item()
+
+    def eager_step():
+        tpu_opt.zero_grad()
+        loss = loss_fn(tpu(xt), yt)
+        loss.backward()
+        tpu_opt.step()
+        return loss.item()
+
+    for _ in range(2):
+        assert step(xt, yt).item() == pytest.approx(cpu_step(), rel=1e-5)
+    assert len(_step_storages(tpu_opt)) == 1  # packed: one storage for the four counters
+    for _ in range(2):
+        assert eager_step() == pytest.approx(cpu_step(), rel=1e-5)
+    saved = io.BytesIO()
+    torch.save(tpu_opt.state_dict(), saved)
+    saved.seek(0)
+    tpu_opt.load_state_dict(torch.load(saved))
+    for _ in range(2):
+        assert step(xt, yt).item() == pytest.approx(cpu_step(), rel=1e-5)
+    for c, t in zip(cpu.parameters(), tpu.parameters()):
+        for name, value in cpu_opt.state[c].items():
+            torch.testing.assert_close(tpu_opt.state[t][name].cpu(), value, msg=name)
+    assert [s["step"].item() for s in tpu_opt.state.values()] == [6.0] * 4
+    _assert_models_equal(cpu, tpu)
 
 
 def test_donated_parameters_never_show_through_other_references(sgd_run):

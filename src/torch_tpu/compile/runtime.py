@@ -62,7 +62,9 @@ class CompiledGraph:
     ) -> None:
         """stable_inputs: how many leading inputs the caller passes again, unchanged, on
         most calls (a compiled training step's parameters and optimizer state): their
-        description is remembered and checked instead of rebuilt (`_StablePrefix`)."""
+        description is remembered and checked instead of rebuilt (`_StablePrefix`), and
+        their storage offsets are constants of the executable (a view among them, such
+        as a step counter packed with others, costs no run-time input)."""
         # AOTAutograd passes one list we may clear (frees inputs early). An instance
         # attribute: Dynamo's disable() wrapper copies __dict__, not class attributes.
         self._boxed_call = True
@@ -140,7 +142,8 @@ class CompiledGraph:
             arrays += [np.uint64(seed), np.uint64(counter)]  # host scalars: ~1 us each
         entry = self.executables.get(key)
         if entry is None:
-            entry = self.executables[key] = self._compile(self._layouts(tensors), arrays)
+            static = self._prefix.n if self.stable_inputs and self._prefix is not None else 0
+            entry = self.executables[key] = self._compile(self._layouts(tensors, static), arrays)
         executable, written_slots, donated_slots = entry
         for slot in donated_slots:
             if not donation.held_only_by(arrays, slot, 2):  # its storage, this list
@@ -210,7 +213,6 @@ class CompiledGraph:
                     payloads = [t.untyped_storage()._tpu for t in tensors[: prefix.n]]
                 storages += [payloads[k] for k in prefix.firsts]
                 slots.update(prefix.slots)
-                offsets += prefix.offsets
                 start = prefix.n
         host: dict = {}
         add_tensor = fastpath.add_tensor
@@ -242,27 +244,27 @@ class CompiledGraph:
         key: list = []
         storages: list = []
         slots: dict = {}
-        offsets: list = []
         for t, storage in zip(prefix, payloads):
-            fastpath.add_tensor(t, storage, key, storages, slots, offsets)
+            fastpath.add_tensor(t, storage, key, storages, slots)  # (offsets: in the key)
         token = self._prefix_tokens.setdefault(tuple(key), len(self._prefix_tokens))
-        return _StablePrefix(prefix, payloads, token, slots, offsets)
+        return _StablePrefix(prefix, payloads, token, slots)
 
     @staticmethod
-    def _layouts(tensors: list) -> tuple:
+    def _layouts(tensors: list, static: int = 0) -> tuple:
         """What the interpreter specialises an executable on, per input: (storage slot,
-        View) for a tensor, the value of a size input, OPAQUE for anything else."""
+        View) for a tensor, the value of a size input, OPAQUE for anything else. The
+        first `static` inputs (a described stable prefix) keep their offsets constant."""
         slots: dict = {}
         layouts = []
         offsets = 0
-        for t in tensors:
+        for k, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor):
                 layouts.append(int(t) if isinstance(t, int) else interpret.OPAQUE)
                 continue
             storage = storage_of(t)
             slot = slots.setdefault(id(storage), len(slots))
             view = view_of(t, storage)
-            if strided.offset_may_vary(view):  # (as `_describe` decided)
+            if k >= static and strided.offset_may_vary(view):  # (as `_describe` decided)
                 view = view._replace(offset=strided.Offset(offsets))
                 offsets += 1
             layouts.append((slot, view))
@@ -302,9 +304,9 @@ class _StablePrefix:
     more host time than the executable's own call). Storages are held weakly: a model
     moved off the device frees them."""
 
-    __slots__ = ("n", "refs", "storage_offsets", "guards", "token", "firsts", "slots", "offsets")
+    __slots__ = ("n", "refs", "storage_offsets", "guards", "token", "firsts", "slots")
 
-    def __init__(self, prefix: list, payloads: list, token: int, slots: dict, offsets: list):
+    def __init__(self, prefix: list, payloads: list, token: int, slots: dict):
         from torch._C._dynamo.guards import TensorGuards
 
         self.n = len(prefix)
@@ -321,7 +323,6 @@ class _StablePrefix:
             firsts.setdefault(id(p), k)
         self.firsts = list(firsts.values())
         self.slots = slots  # id(storage) -> slot: the ids of live objects checked alike
-        self.offsets = offsets
 
     def matches(self, tensors: list) -> list | None:
         """The prefix's storages (one per input) if it matches, else None."""
