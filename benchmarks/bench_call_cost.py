@@ -61,7 +61,8 @@ def main() -> None:
     parser.add_argument("--counts", default="1,31,62,93,124,155")
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
-    print(f"platform: {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), jax {jax.__version__}")
+    device = jax.devices()[0]
+    print(f"platform: {device.platform} ({device.device_kind}), jax {jax.__version__}")
     rows = {n: measure(n) for n in counts}
     kinds = list(rows[counts[0]])
     print("inputs = outputs   " + "".join(f"{k:>16s}" for k in kinds) + "   (us per call)")

@@ -20,9 +20,8 @@ import cProfile
 import io
 import pstats
 import sys
-from pathlib import Path
-
 import time
+from pathlib import Path
 
 import jax
 import torch
@@ -77,7 +76,9 @@ def _parts(a: torch.Tensor, b: torch.Tensor) -> None:
             a + b
         torch.tpu.synchronize()
         spec, entry = next(
-            (key[0], e) for key, e in fastpath._FAST.items() if key[0].schema.name == "aten::add.Tensor"
+            (key[0], e)
+            for key, e in fastpath._FAST.items()
+            if key[0].schema.name == "aten::add.Tensor"
         )
         values = spec.schema.bind((a, b), {})
         _, storages, dynamic = fastpath.signature(spec, values)
@@ -116,7 +117,8 @@ def _host_per_step(label: str, step, steps: int = 100) -> None:
     for _ in range(steps):
         step()
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-    print(f"== {label}: {wall / steps * 1e3:.2f} ms per step, {cpu / steps * 1e3:.2f} ms of it the host thread's CPU")
+    per_step = f"{wall / steps * 1e3:.2f} ms per step"
+    print(f"== {label}: {per_step}, {cpu / steps * 1e3:.2f} ms of it the host thread's CPU")
 
 
 def main() -> None:

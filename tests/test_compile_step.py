@@ -164,6 +164,43 @@ def _packed_counters_run(foreach: bool) -> None:
     _assert_models_equal(cpu, tpu)
 
 
+def test_keep_grads_false_updates_as_cpu_and_leaves_no_gradients():
+    """keep_grads=False: the same losses, parameters and optimizer state as CPU's, the
+    optimizer's parameters' .grad None after each step, and one output fewer per
+    parameter; a trainable parameter outside the optimizer still accumulates, as on CPU."""
+    cpu = _mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    outside = [cpu[2].bias, tpu[2].bias]  # trained, but no optimizer updates it
+    cpu_opt = torch.optim.AdamW([p for p in cpu.parameters() if p is not outside[0]], lr=0.01)
+    tpu_opt = torch.optim.AdamW([p for p in tpu.parameters() if p is not outside[1]], lr=0.01)
+    loss_fn = nn.functional.cross_entropy
+    twin = copy.deepcopy(tpu)  # the same step with the gradients kept (the default)
+    twin_opt = torch.optim.AdamW([p for p in twin.parameters() if p is not twin[2].bias], lr=0.01)
+    kept = torch_tpu.compile_step(twin, twin_opt, loss_fn)
+    step = torch_tpu.compile_step(tpu, tpu_opt, loss_fn, keep_grads=False)
+    x, y = _batch()
+    xt, yt = x.to("tpu"), y.to("tpu")
+    for _ in range(3):
+        cpu_opt.zero_grad()
+        loss = loss_fn(cpu(x), y)
+        loss.backward()
+        cpu_opt.step()
+        assert step(xt, yt).item() == pytest.approx(loss.item(), rel=1e-5)
+        for c, t in zip(cpu.parameters(), tpu.parameters()):
+            torch.testing.assert_close(t.detach().cpu(), c.detach())
+            if c is outside[0]:
+                torch.testing.assert_close(t.grad.cpu(), c.grad)  # accumulated over steps
+            else:
+                assert t.grad is None
+    for c, t in zip(cpu_opt.param_groups[0]["params"], tpu_opt.param_groups[0]["params"]):
+        for name, value in cpu_opt.state[c].items():
+            torch.testing.assert_close(tpu_opt.state[t][name].cpu(), value, msg=name)
+    kept(xt, yt)
+    outputs = [len(program.graph.value_nodes) for program in step._programs.values()]
+    kept_outputs = [len(program.graph.value_nodes) for program in kept._programs.values()]
+    assert outputs[0] == kept_outputs[0] - 3  # the optimizer's three parameters' gradients
+
+
 def test_donated_parameters_never_show_through_other_references(sgd_run):
     """compile_step donates the parameter buffers it rewrites: a view or a detached alias
     sees the new values (as after an in-place update on CPU), and a reference to the old

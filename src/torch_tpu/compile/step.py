@@ -52,21 +52,29 @@ def compile_step(
     loss_fn: Callable[..., torch.Tensor],
     *,
     options: dict | None = None,
+    keep_grads: bool = True,
 ) -> CompiledStep:
     """One XLA executable for `optimizer.zero_grad(); loss_fn(model(*inputs), *targets)
     .backward(); optimizer.step()`, called as `loss = step(inputs, *targets)` (inputs: a
     tensor, or a tuple of the model's positional inputs). Returns the loss (a 0-d tpu
-    tensor, not synchronised). options are XLA compiler options. See docs/compile.md."""
-    return CompiledStep(model, optimizer, loss_fn, options)
+    tensor, not synchronised). options are XLA compiler options.
+
+    keep_grads=False: the optimizer's parameters' gradients stay inside the executable,
+    as in a jitted JAX step, and their `.grad` is None after each step (as after
+    `optimizer.zero_grad()`): no gradient memory is held between steps and the call has
+    one output per parameter fewer. For loops that do not read `.grad` after the step.
+    See docs/compile.md."""
+    return CompiledStep(model, optimizer, loss_fn, options, keep_grads)
 
 
 class CompiledStep:
     """A training step compiled whole; see `compile_step`."""
 
-    def __init__(self, model, optimizer, loss_fn, options=None) -> None:
+    def __init__(self, model, optimizer, loss_fn, options=None, keep_grads=True) -> None:
         _check_supported(model, optimizer)
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.options = dict(options or {})
+        self.keep_grads = keep_grads
         self.traces = 0  # how many times a step was traced (tests, diagnostics)
         self._programs: dict = {}
         self._lr_tensors: dict = {}
@@ -126,6 +134,10 @@ class CompiledStep:
         buffer_names = [n for n, _ in buffers]
         sizes = (len(params), len(buffers), len(state_values), len(lrs))
         trainable = [p.requires_grad for p in params]  # frozen ones: inputs, no gradient
+        in_optimizer = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        zeroed = [id(p) in in_optimizer for p in params]
+        # (a trainable parameter outside the optimizer accumulates its gradient, as on CPU)
+        dropped = [z and not self.keep_grads for z in zeroed]
         found: dict = {}
 
         def functional_step(*flat):
@@ -142,9 +154,11 @@ class CompiledStep:
             created = _run_optimizer(
                 self.optimizer, params, traced_params, grads, state_keys, traced_state, traced_lrs
             )
-            found["has_grad"] = [g is not None for g in grads]
+            returned = [g is not None and not d for g, d in zip(grads, dropped)]
+            found["returned"] = returned
             found["created"] = [key for key, _ in created]
-            return [loss.detach(), *(g for g in grads if g is not None), *(v for _, v in created)]
+            kept = [g for g, r in zip(grads, returned) if r]
+            return [loss.detach(), *kept, *(v for _, v in created)]
 
         flat = [*params, *(b for _, b in buffers), *state_values, *lrs, *data]
         flat = [x.detach() for x in flat]
@@ -170,19 +184,17 @@ class CompiledStep:
         # learning rates and the batch are new tensors each step)
         stable = len(params) + len(buffers) + len(state_values)
         graph = CompiledGraph(gm, name, None, self.options, stable_inputs=stable)
-        in_optimizer = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-        zeroed = [id(p) in in_optimizer for p in params]
-        return _Program(graph, found["has_grad"], zeroed, found["created"])
+        return _Program(graph, found["returned"], zeroed, found["created"])
 
 
 class _Program:
     """One traced step: its compiled graph and where its outputs go."""
 
     def __init__(
-        self, graph, has_grad: list[bool], zeroed: list[bool], created: list[tuple[int, str]]
+        self, graph, returned: list[bool], zeroed: list[bool], created: list[tuple[int, str]]
     ) -> None:
         self.graph = graph
-        self.has_grad = has_grad
+        self.returned = returned  # per parameter: its gradient is an output
         self.zeroed = zeroed  # per parameter: the optimizer's, so zero_grad() clears it
         self.created = created
 
@@ -190,8 +202,8 @@ class _Program:
         outputs = self.graph(args)
         loss = outputs[0]
         k = 1
-        for p, has, zeroed in zip(params, self.has_grad, self.zeroed):
-            if has:
+        for p, returned, zeroed in zip(params, self.returned, self.zeroed):
+            if returned:
                 grad = outputs[k]
                 k += 1
                 # backward accumulates into a gradient that zero_grad() did not clear
