@@ -514,6 +514,24 @@ def test_polygamma_negative_arguments_and_poles(n, no_pointwise_fallback):
     assert_same(lambda t: torch.polygamma(n, t), x.bfloat16())
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_zeta_below_minus_eight_and_cpus_edge_values(dtype, no_pointwise_fallback):
+    """Hurwitz zeta where jax's is wrong (q below about -8: zeta(3, -10.5) came out
+    -7.1e13 where CPU gives 0.0041), at the poles and edges CPU's Cephes kernel defines
+    (inf at s == 1 and at q = 0, -1, ...; NaN for s < 1 and for a fractional s at q < 0;
+    s = inf), and float32 computed in float64 as CPU's kernel does."""
+    inf, nan = float("inf"), float("nan")
+    s = [3.0, 4.0, 2.0, 6.0, 8.0, 3.0, 2.0, 3.0, 1.0, 0.5, 0.0, 2.5, 5.0, inf, inf, inf, inf, 7.0]
+    q = [-10.5, -20.3, -8.7, -15.25, -9.9, -100.5, 2.0, 0.001, 2.0, 3.0, -7.0, -3.0, 0.0, -3.5]
+    s += [nan, 3.0]
+    q += [0.5, 1.0, 2.0, -1.5, 2.0, nan]
+    x, y = torch.tensor(s, dtype=dtype), torch.tensor(q, dtype=dtype)
+    expected = torch.special.zeta(x, y)
+    got = torch.special.zeta(x.to("tpu"), y.to("tpu")).cpu()
+    torch.testing.assert_close(got, expected, rtol=1e-12 if dtype == torch.float64 else 3e-7,
+                               atol=0, equal_nan=True)
+
+
 def test_digamma_gradient_at_negative_arguments(no_pointwise_fallback):
     assert_same_grad(torch.digamma, torch.tensor([-8.4784, -4.3228, -0.5735, 1.1351, 5.1]))
 

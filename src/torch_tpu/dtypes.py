@@ -37,6 +37,13 @@ def opmath_float(dtype) -> jnp.dtype:
     return jnp.dtype(jnp.float64) if jnp.dtype(dtype) == jnp.float64 else jnp.dtype(jnp.float32)
 
 
+def accumulate_float(dtype) -> jnp.dtype:
+    """CPU's accumulation type of a floating dtype (ATen's acc_type on CPU): float64 for
+    float32 and float64, float32 for the half types. Kernels such as Cephes' zeta
+    compute in it, so their float32 results are float64 ones rounded."""
+    return jnp.dtype(jnp.float32) if jnp.dtype(dtype) in HALF_FLOATS else jnp.dtype(jnp.float64)
+
+
 def widen_half(x):
     """A half-precision array widened to float32 for computing (CPU's opmath type);
     any other array, or None, as it is."""

@@ -550,25 +550,54 @@ def _trigamma(x):
     return jnp.where(reflect, -total, total)
 
 
-def _higher_polygamma(n, x):
-    """psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x), n >= 2. jax's Hurwitz zeta is wrong
-    for q below about -8, so the terms (x + k)^-(n+1) that bring x to at least 1 are
-    summed first; non-positive integers are poles (zeta = inf), as on PyTorch's CPU."""
-    pole = (x <= 0) & (x == jnp.floor(x))
-    shifting = (x < 1) & ~pole & jnp.isfinite(x)
+_ZETA_TERMS = 1 << 16  # negative terms summed one by one; a q further below 0: reflected
+_ZETA_DIRECT = 10  # terms below this are summed one by one, as CPU's loop (to a > 9) does
+
+
+def _hurwitz_zeta(s, q):
+    """zeta(s, q), the sum over k >= 0 of (q + k)^-s, with CPU's (Cephes') edge values:
+    inf at s == 1, NaN for s < 1, inf at the poles q = 0, -1, -2, ..., NaN for other
+    q <= 0 when s is not an integer. jax's zeta is right only for q above about -8 (and
+    a cancellation there amplifies its error), so as in CPU's loop the terms that bring q
+    to at least _ZETA_DIRECT are summed first, in CPU's order.
+    Past _ZETA_TERMS of them (where CPU loops as long) the negative terms are folded
+    onto zetas at positive arguments: sum over j = 1..m of (r - j)^-s is (-1)^s
+    (zeta(s, 1 - r) - zeta(s, m + 1 - r)), r = q + m. s: a Python int or an array."""
+    pole = (q <= 0) & (q == jnp.floor(q))
+    far = (q < -_ZETA_TERMS) & ~pole
+    shifting = (q < _ZETA_DIRECT) & ~pole & ~far & jnp.isfinite(q)
+    shape = jnp.broadcast_shapes(jnp.shape(s), q.shape)
 
     def pending(state):
-        return jnp.any(shifting & (x + state[0] < 1))
+        return jnp.any(shifting & (q + state[0] < _ZETA_DIRECT))
 
     def add_term(state):
         k, total = state
-        term = jnp.where(shifting & (x + k < 1), (x + k) ** -(n + 1), 0)
+        term = jnp.where(shifting & (q + k < _ZETA_DIRECT), (q + k) ** -s, 0)
         return k + 1, total + term
 
-    _, head = lax.while_loop(pending, add_term, (jnp.zeros((), x.dtype), jnp.zeros_like(x)))
-    tail = jss.zeta(n + 1, jnp.where(shifting, x + jnp.ceil(1 - x), x))
-    zeta = jnp.where(pole, jnp.inf, head + tail)
-    return (-1) ** (n + 1) * math.factorial(n) * zeta
+    start = (jnp.zeros((), q.dtype), jnp.zeros(shape, q.dtype))
+    _, head = lax.while_loop(pending, add_term, start)
+    value = head + jss.zeta(s, jnp.where(shifting, q + jnp.ceil(_ZETA_DIRECT - q), q))
+    m = jnp.where(far, jnp.ceil(-q), 1)
+    r = jnp.where(far, q + m, 0.5)
+    sign = jnp.where(jnp.asarray(s) % 2 == 0, 1, -1).astype(q.dtype)
+    folded = jss.zeta(s, r) + sign * (jss.zeta(s, 1 - r) - jss.zeta(s, m + 1 - r))
+    value = jnp.where(far, folded, value)
+    exponent = jnp.asarray(s, q.dtype)
+    # s = inf, as CPU's loop: a term (q + k)^-inf in (-1, 1) is inf; from q = 1 the sum
+    # is 1 at its first step; above 1 the tail's inf * 0 makes it NaN (mathematically 0)
+    infinite = jnp.where(q < 1, jnp.inf, jnp.where(q == 1, 1.0, jnp.nan))
+    value = jnp.where(exponent == jnp.inf, infinite.astype(q.dtype), value)
+    value = jnp.where((q <= 0) & (exponent != jnp.floor(exponent)), jnp.nan, value)
+    value = jnp.where(pole, jnp.inf, value)
+    value = jnp.where(exponent < 1, jnp.nan, value)
+    return jnp.where(exponent == 1, jnp.inf, value)
+
+
+def _higher_polygamma(n, x):
+    """psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x), n >= 2, as PyTorch's CPU kernel."""
+    return (-1) ** (n + 1) * math.factorial(n) * _hurwitz_zeta(n + 1, x)
 
 
 def _erfinv(y):
@@ -680,7 +709,7 @@ def polygamma(n, self):
         return _digamma(x)
     if n == 1:
         return _trigamma(x)
-    wide = x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
+    wide = x.astype(dtypes.accumulate_float(x.dtype))  # (as CPU's kernel: its acc_type)
     return _higher_polygamma(n, wide).astype(x.dtype)
 
 
@@ -712,9 +741,11 @@ lower("xlogy.Tensor", "xlogy.Scalar_Other", "xlogy.Scalar_Self")(_xlogy(jnp.log)
 lower("special_xlog1py.default", "special_xlog1py.other_scalar", "special_xlog1py.self_scalar")(
     _xlogy(jnp.log1p)
 )
-lower("special_zeta.default", "special_zeta.other_scalar", "special_zeta.self_scalar")(
-    _binary(jss.zeta, Promo.INT_TO_FLOAT)
-)
+@lower("special_zeta.default", "special_zeta.other_scalar", "special_zeta.self_scalar")
+def special_zeta(self, other):
+    x, q = _cast(Promo.INT_TO_FLOAT, self, other)
+    wide = dtypes.accumulate_float(x.dtype)  # (as CPU's kernel: its acc_type)
+    return _hurwitz_zeta(x.astype(wide), q.astype(wide)).astype(x.dtype)
 lower("igamma.default")(_binary(jss.gammainc))
 lower("igammac.default")(_binary(jss.gammaincc))
 lower("atan2.default")(_binary(jnp.arctan2, Promo.INT_TO_FLOAT))
