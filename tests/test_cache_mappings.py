@@ -1,5 +1,7 @@
 """The compilation cache forgets its executables before the process runs out of
-memory mappings (vm.max_map_count), instead of letting the next compile crash."""
+memory mappings (vm.max_map_count), instead of letting the next compile crash, and
+when they reach TORCH_TPU_MAX_EXECUTABLES, so that a program compiling for every new
+shape does not grow by each executable's code (~1.35 MB on XLA:CPU) without bound."""
 
 from __future__ import annotations
 
@@ -55,6 +57,23 @@ def test_results_stay_right_across_a_reset(monkeypatch, mode):
     torch.testing.assert_close(first, step(x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(again, step(x), rtol=1e-5, atol=1e-5)
     assert other.shape == (13,)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_executables_in_memory_stay_under_their_bound(monkeypatch, mode):
+    monkeypatch.setenv("TORCH_TPU_MAX_EXECUTABLES", "6")
+    monkeypatch.setattr(cache, "_warned", set())
+    cache.clear(disk=False)  # (earlier tests' executables: start from none in memory)
+    before = cache.stats()["memory_resets"]
+    most = 0
+    with pytest.warns(RuntimeWarning, match="TORCH_TPU_MAX_EXECUTABLES=6"):
+        with torch.tpu.set_eager_mode(mode):
+            for n in range(1, 13):  # new shapes: new programs every step
+                a = torch.full((n, 3), 2.0, device="tpu")
+                assert (a * 3 + n).sum().item() == (6 + n) * 3 * n
+                most = max(most, len(cache._memory))
+    assert most <= 6
+    assert cache.stats()["memory_resets"] > before
 
 
 _MANY_PROGRAMS = textwrap.dedent(

@@ -68,6 +68,7 @@ _trusted: cache_trust.Trusted | None = None  # the checked directory and its MAC
 _problem: str | None = None  # why the directory is not used, once found
 _warned: set[str] = set()  # warning categories already shown for this directory
 _RUNTIME = f"jax {jax.__version__} jaxlib {importlib.metadata.version('jaxlib')}"
+_DEFAULT_IN_MEMORY = 2048  # executables kept in memory at most (TORCH_TPU_MAX_EXECUTABLES)
 _CHECK_EVERY = 64  # new executables between two looks at the process's memory mappings
 _FEWEST_TO_FORGET = 256  # with fewer executables in memory, forgetting them frees too little
 _new_executables = 0  # since the last look
@@ -204,12 +205,32 @@ def compile(
     return executable
 
 
+def max_in_memory() -> int:
+    return env.integer("TORCH_TPU_MAX_EXECUTABLES", _DEFAULT_IN_MEMORY, 1)
+
+
 def _make_room() -> None:
-    """Every _CHECK_EVERY new executables, forget all those in memory if the process's
-    memory mappings near the kernel's cap (`mappings.py`): every lookup table lets go
-    too, so their code is unmapped, and those used again are loaded back from disk or
-    recompiled. A crash in the next compile would lose the job."""
+    """Forget every executable in memory when they reach TORCH_TPU_MAX_EXECUTABLES (each
+    holds its code and buffers: about 1.35 MB for a small op's on XLA:CPU, so a program
+    that compiles for every new shape grew by that per shape without bound), or, looked
+    at every _CHECK_EVERY new executables, when the process's memory mappings near the
+    kernel's cap (`mappings.py`; a crash in the next compile would lose the job). Every
+    lookup table lets go too, so their code is unmapped; those used again are loaded
+    back from disk (a fraction of a millisecond) or recompiled."""
     global _new_executables
+    most = max_in_memory()
+    if len(_memory) >= most:
+        _stats["memory_resets"] += 1
+        _warn_once(
+            "count",
+            f"{len(_memory)} executables in memory (TORCH_TPU_MAX_EXECUTABLES={most}): "
+            "forgetting them; those used again are reloaded from the disk cache or "
+            "recompiled. A program that compiles for every new shape (see "
+            "torch_tpu.metrics.report()) may want bucketing (docs/architecture.md)",
+        )
+        _memory.clear()
+        forget_lookups()
+        return
     _new_executables += 1
     if _new_executables < _CHECK_EVERY or len(_memory) < _FEWEST_TO_FORGET:
         return
