@@ -528,3 +528,25 @@ def test_lazy_module_moves_to_tpu_before_its_first_forward(make):
         assert q.device.type == "tpu" and q.shape == p.shape, name
     tpu.load_state_dict(cpu.state_dict())
     torch.testing.assert_close(tpu(x.to("tpu")).detach().cpu(), cpu(x).detach())
+
+
+def test_load_state_dict_between_lazy_modules_that_have_not_run():
+    """Copying an uninitialized lazy parameter or buffer into another (load_state_dict
+    before either module ran) is an empty copy on CPU; tpu raised "Can't access the shape
+    of an uninitialized parameter". Found by PyTorch's test_lazy_modules on tpu."""
+    for make in (lambda: nn.LazyLinear(4), lambda: nn.LazyBatchNorm1d()):
+        cpu = make()
+        cpu.load_state_dict(make().state_dict())
+        tpu = make().to("tpu")
+        tpu.load_state_dict(make().to("tpu").state_dict())
+        assert [type(t) for t in tpu.state_dict().values()] == [
+            type(t) for t in cpu.state_dict().values()
+        ]
+        x = torch.randn(3, 5)
+        with torch.no_grad():
+            assert tpu(x.to("tpu")).shape == cpu(x).shape
+    target, source = nn.UninitializedParameter(device="tpu"), nn.UninitializedParameter()
+    with torch.no_grad():
+        assert target.copy_(source.to("tpu")) is target
+        with pytest.raises(RuntimeError, match="must match the size"):  # as CPU's
+            target.copy_(torch.ones(3, device="tpu"))

@@ -337,9 +337,24 @@ def _set_empty(self):
 _COPY = None
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A lazy module's uninitialized parameter or buffer as a plain tensor over the same
+    (empty) storage: the subclass refuses `.shape` and most methods, which CPU's C++
+    copy never asks for."""
+    if not isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+        return t
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor._make_subclass(torch.Tensor, t)
+
+
 def _copy(self, src, non_blocking=False):
     if not isinstance(src, torch.Tensor):  # `x.copy_(float("nan"))`: PyTorch's number
         src = torch.tensor(src, device="cpu")
+    if isinstance(self, torch.nn.parameter.UninitializedTensorMixin) or isinstance(
+        src, torch.nn.parameter.UninitializedTensorMixin
+    ):  # (load_state_dict between lazy modules that have not run: empty into empty)
+        _copy(_plain(self), _plain(src), non_blocking)
+        return self
     if self.device.type == executor.DEVICE_TYPE:
         if src.device.type != executor.DEVICE_TYPE:
             src = upload_to(src, None, self.dtype)
