@@ -293,7 +293,7 @@ def _pack_step_counters(optimizer, params: list) -> bool:
         state
         for state in states
         if state
-        and isinstance(state.get("step"), torch.Tensor)
+        and type(state.get("step")) is torch.Tensor  # (not a DTensor or other subclass)
         and state["step"].dim() == 0
         and state["step"].device.type == DEVICE_TYPE
     ]
