@@ -670,3 +670,18 @@ def test_bucketize_with_out_as_cpu(eager_mode):
     out = torch.empty(3, dtype=torch.long, device="tpu")
     torch.bucketize(x.to("tpu"), b.to("tpu"), out=out)
     assert torch.equal(out.cpu(), torch.bucketize(x, b))
+
+
+def test_searchsorted_out_writes_and_checks_its_dtype_as_cpu():
+    """searchsorted(out=) raised "too many values to unpack" in tpu's CPU-check stand-in
+    (found by PyTorch's test_ops test_out on tpu); it writes out and refuses an out whose
+    dtype does not match out_int32, as CPU does."""
+    seq, val = torch.tensor([1.0, 3, 5, 7]), torch.tensor([6.0, 0.5, 7.0])
+    for out_int32, dtype in ((False, torch.int64), (True, torch.int32)):
+        expected = torch.searchsorted(seq, val, out_int32=out_int32)
+        out = torch.empty(3, dtype=dtype, device="tpu")
+        got = torch.searchsorted(seq.to("tpu"), val.to("tpu"), out_int32=out_int32, out=out)
+        assert got is out and torch.equal(out.cpu(), expected)
+    wrong = torch.empty(3, dtype=torch.int32, device="tpu")
+    with pytest.raises(RuntimeError, match="output tensor's dtype is wrong"):
+        torch.searchsorted(seq.to("tpu"), val.to("tpu"), out=wrong)

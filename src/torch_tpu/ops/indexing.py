@@ -931,8 +931,12 @@ def _check_searchsorted(values: list) -> bool:
     n-d boundaries; tpu computed all of them): CPU's kernel run on zeros of the call's
     shapes at a key's first call. They read no values; the sorter's are checked on
     the device."""
-    sequence, value, out_int32, right, side, sorter = _cpu_stand_ins(values)
-    torch.searchsorted(sequence, value, out_int32=out_int32, right=right, side=side, sorter=sorter)
+    sequence, value, out_int32, right, side, sorter = _cpu_stand_ins(values[:6])
+    # out= (a 7th value): an empty stand-in of its dtype, for CPU's dtype check
+    out = {"out": torch.empty(0, dtype=values[6].dtype)} if len(values) > 6 else {}
+    torch.searchsorted(
+        sequence, value, out_int32=out_int32, right=right, side=side, sorter=sorter, **out
+    )
     return False
 
 
