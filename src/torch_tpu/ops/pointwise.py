@@ -550,7 +550,7 @@ def _trigamma(x):
     return jnp.where(reflect, -total, total)
 
 
-_ZETA_TERMS = 1 << 16  # negative terms summed one by one; a q further below 0: reflected
+_ZETA_TERMS = 1 << 16  # negative terms summed one by one; a q further below 0: folded
 _ZETA_DIRECT = 10  # terms below this are summed one by one, as CPU's loop (to a > 9) does
 
 
