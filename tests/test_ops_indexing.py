@@ -685,3 +685,13 @@ def test_searchsorted_out_writes_and_checks_its_dtype_as_cpu():
     wrong = torch.empty(3, dtype=torch.int32, device="tpu")
     with pytest.raises(RuntimeError, match="output tensor's dtype is wrong"):
         torch.searchsorted(seq.to("tpu"), val.to("tpu"), out=wrong)
+
+
+def test_searchsorted_of_empty_multi_dim_sequences_as_cpu():
+    """A sorted sequence of 2+ dims with no elements (a (2, 0) sequence, (0, 0) ones)
+    raised "integer modulo by zero" in the lowering's reshape; CPU answers (found by
+    PyTorch's test_ops test_noncontiguous_samples on tpu)."""
+    for sequence, values in (((0, 0), (0, 0)), ((2, 0), (2, 3)), ((0, 5), (0, 2)), ((0,), (3,))):
+        seq, val = torch.empty(sequence), torch.zeros(values)
+        got = torch.searchsorted(seq.to("tpu"), val.to("tpu"))
+        assert torch.equal(got.cpu(), torch.searchsorted(seq, val))

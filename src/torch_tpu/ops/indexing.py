@@ -904,10 +904,10 @@ def _search(sorted_sequence, values, right, side, sorter, out_int32):
     out_dtype = jnp.int32 if out_int32 else jnp.int64
     if sorted_sequence.ndim == 1:
         return _binary_search(sorted_sequence, values, right).astype(out_dtype)
-    lead = sorted_sequence.shape[:-1]
+    rows = math.prod(sorted_sequence.shape[:-1])  # (sizes spelt out: -1 fails on empty)
     found = _binary_search(
-        sorted_sequence.reshape(-1, sorted_sequence.shape[-1]),
-        values.reshape(math.prod(lead), -1),
+        sorted_sequence.reshape(rows, sorted_sequence.shape[-1]),
+        values.reshape(rows, values.shape[-1]),
         right,
     )
     return found.reshape(values.shape).astype(out_dtype)
