@@ -29,7 +29,7 @@ from torch_tpu.tensor import Fresh
 from torch_tpu.training import wide_mlp_step_fn
 
 
-def _best(fn, repeats: int, inner: int, clock=time.perf_counter) -> float:
+def best_per_call(fn, repeats: int, inner: int, clock=time.perf_counter) -> float:
     """Best mean seconds per call over `repeats` timings of `inner` calls."""
     best = float("inf")
     for _ in range(repeats):
@@ -77,7 +77,7 @@ def per_op(repeats: int, clock=time.perf_counter) -> dict[str, float]:
         for name, fn in calls.items():
             torch.tpu.synchronize()
             jax.block_until_ready(jadd(ja, jb))
-            best[name] = min(best[name], _best(fn, 3, 500, clock))
+            best[name] = min(best[name], best_per_call(fn, 3, 500, clock))
     jax.block_until_ready(jadd(ja, jb))
     return best
 

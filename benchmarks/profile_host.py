@@ -32,6 +32,7 @@ from torch_tpu.engine.executor import device_value
 from torch_tpu.tensor import Fresh
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its siblings
+from bench_strict import best_per_call  # noqa: E402  (and its passthrough op)
 
 
 def _profile(label: str, fn, calls: int, top: int) -> None:
@@ -53,22 +54,6 @@ def _profile(label: str, fn, calls: int, top: int) -> None:
             print(line)
 
 
-def _per_call(fn, inner: int = 2000) -> float:
-    """Best mean microseconds per call over five timings."""
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        best = min(best, (time.perf_counter() - start) / inner)
-    return best * 1e6
-
-
-_LIB = torch.library.Library("torch_tpu_profile", "FRAGMENT")
-_LIB.define("passthrough(Tensor a, Tensor b) -> Tensor")
-_LIB.impl("passthrough", lambda a, b: a, "PrivateUse1")
-
-
 def _parts(a: torch.Tensor, b: torch.Tensor) -> None:
     """Microseconds of each part of a repeat strict `a + b`, each timed alone."""
     with torch.tpu.set_eager_mode("strict"):
@@ -87,7 +72,7 @@ def _parts(a: torch.Tensor, b: torch.Tensor) -> None:
         jadd = jax.jit(lambda x, y: x + y)
         aot = jadd.lower(ja, jb).compile()
         fresh = Fresh((64, 64), torch.float32, None)
-        passthrough = torch.ops.torch_tpu_profile.passthrough
+        passthrough = torch.ops.torch_tpu_bench.passthrough  # (bench_strict defines it)
         parts = {
             "a + b (all of it)": lambda: a + b,
             "PyTorch's dispatch to a Python kernel": lambda: passthrough(a, b),
@@ -101,7 +86,7 @@ def _parts(a: torch.Tensor, b: torch.Tensor) -> None:
             "JAX: jax.jit(add)(x, y)": lambda: jadd(ja, jb),
             "JAX: the same, compiled ahead of time": lambda: aot(ja, jb),
         }
-        times = {name: _per_call(fn) for name, fn in parts.items()}
+        times = {name: best_per_call(fn, 5, 2000) * 1e6 for name, fn in parts.items()}
         torch.tpu.synchronize()
     print("== strict a + b, 64x64: each part alone, us per call (best of 5)")
     for name, us in times.items():

@@ -107,6 +107,15 @@ def test_adamw_matches_cpu():
     _assert_run_matches(_train_both("adamw", steps=3, schedule=True))
 
 
+def _eager_step(model, optimizer, loss_fn, x, y) -> float:
+    """One eager training step (zero_grad, backward, step); its loss."""
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
 def _step_storages(optimizer) -> set:
     return {s["step"].untyped_storage().data_ptr() for s in optimizer.state.values()}
 
@@ -133,18 +142,10 @@ def _packed_counters_run(foreach: bool) -> None:
     xt, yt = x.to("tpu"), y.to("tpu")
 
     def cpu_step():
-        cpu_opt.zero_grad()
-        loss = loss_fn(cpu(x), y)
-        loss.backward()
-        cpu_opt.step()
-        return loss.item()
+        return _eager_step(cpu, cpu_opt, loss_fn, x, y)
 
     def eager_step():
-        tpu_opt.zero_grad()
-        loss = loss_fn(tpu(xt), yt)
-        loss.backward()
-        tpu_opt.step()
-        return loss.item()
+        return _eager_step(tpu, tpu_opt, loss_fn, xt, yt)
 
     for _ in range(2):
         assert step(xt, yt).item() == pytest.approx(cpu_step(), rel=1e-5)
@@ -181,11 +182,8 @@ def test_keep_grads_false_updates_as_cpu_and_leaves_no_gradients():
     x, y = _batch()
     xt, yt = x.to("tpu"), y.to("tpu")
     for _ in range(3):
-        cpu_opt.zero_grad()
-        loss = loss_fn(cpu(x), y)
-        loss.backward()
-        cpu_opt.step()
-        assert step(xt, yt).item() == pytest.approx(loss.item(), rel=1e-5)
+        expected = _eager_step(cpu, cpu_opt, loss_fn, x, y)
+        assert step(xt, yt).item() == pytest.approx(expected, rel=1e-5)
         for c, t in zip(cpu.parameters(), tpu.parameters()):
             torch.testing.assert_close(t.detach().cpu(), c.detach())
             if c is outside[0]:
