@@ -254,13 +254,14 @@ def build(
     written_slots: tuple[int, ...],
     checked: bool = False,
 ) -> Callable:
-    """The pure function (flat storage arrays..., [seed, counter]) -> (new flat arrays of
-    the storages in written_slots; flat storage arrays of value_nodes, each laid out with
-    `output_strides`). The written storages come first, in ascending slot order: JAX
-    pairs each donated input with the first unpaired result of its shape and dtype, so
-    each donated storage is paired with its own new value, and XLA updates it in place
-    (paired with a result computed from it, such as a gradient, XLA had to copy it first:
-    a copy of every parameter and optimizer moment per training step).
+    """The pure function (flat storage arrays..., offsets..., [rng.next_key_words()]) ->
+    (new flat arrays of the storages in written_slots; flat storage arrays of
+    value_nodes, each laid out with `output_strides`). The written storages come first,
+    in ascending slot order: JAX pairs each donated input with the first unpaired
+    result of its shape and dtype, so each donated storage is paired with its own new
+    value, and XLA updates it in place (paired with a result computed from it, such as a
+    gradient, XLA had to copy it first: a copy of every parameter and optimizer moment
+    per training step).
 
     layouts gives, per input node, (storage slot, View) for a tensor or the int an
     integer input (a size, after specialising a dynamic graph) is fixed to.
@@ -287,8 +288,8 @@ def build(
                 continue
             key = None
             if node in random_index:
-                seed, counter = key_inputs
-                key = rng.make_key(seed, counter + random_index[node])
+                (words,) = key_inputs
+                key = rng.key_from_words(words, random_index[node])
             env[node] = _run_node(node, env, storages, key, failures)
         if checked:
             flag = flats[n_slots - 1]

@@ -383,10 +383,10 @@ def _key_inputs(spec: OpSpec, predrawn_elements: int = 0):
     """A random op's key, or the bits of a draw of `predrawn_elements` (engine/predrawn.py)."""
     if not spec.lowering.random:
         return ()
-    seed, counter = rng.next_key_inputs()
+    words = rng.next_key_words()
     if predrawn_elements:
-        return (predrawn.bits(seed, counter, predrawn_elements),)
-    return (predrawn.key(seed, counter),)
+        return (predrawn.bits(words, predrawn_elements),)
+    return (predrawn.key(words),)
 
 
 def _predrawn_elements(spec: OpSpec, values: list) -> int:

@@ -42,6 +42,7 @@ CAP = env.integer("TORCH_TPU_FUSE_CAP", 2048, 1)  # ops per segment before a flu
 # fused AdamW on the 101M MLP then peaked at 1.82x the ideal state against 1.20x
 # unsplit (cause not yet found); see docs/architecture.md.
 SPLIT_FLOPS: int | None = None
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1  # ints packed into int64 (others: leaves)
 
 
 class Pending:
@@ -223,25 +224,30 @@ def flush(reason: str = "value needed") -> None:
     metrics.count(f"flush: {reason}")
     leaves = segment.leaves
     floats = tuple([i for i, v in enumerate(leaves) if type(v) is float])
+    ints = tuple([i for i, v in enumerate(leaves) if type(v) is int and _I64_MIN <= v <= _I64_MAX])
     donated = _donatable(leaves)
     segment.leaves = None  # (the donated arrays are deleted by the call)
     # (a node's entry hashes and compares by identity: the nodes are their own key)
-    fingerprint = (tuple(nodes), outputs, donated, floats)
+    fingerprint = (tuple(nodes), outputs, donated, floats, ints)
     found = _compiled.get(fingerprint)
     if found is None:
         donated, order = _paired_first(nodes, outputs, donated)
     else:
         fn, donated, order = found
     given = tuple([leaves[i] for i in donated])
-    apart = set(donated).union(floats)
+    apart = set(donated).union(floats, ints)
     kept_at = tuple([i for i in range(len(leaves)) if i not in apart])
     kept = tuple([leaves[i] for i in kept_at])
     # the Python floats (an optimizer's lr, betas and bias corrections, hundreds a step)
-    # in one array: one argument instead of one host-to-device conversion each
-    numbers = np.array([leaves[i] for i in floats], dtype=np.float64)
+    # in one array, the ints (views' storage offsets) in another: one argument each
+    # instead of one host scalar each (about 175 us apiece on a TPU host, 45 us an array)
+    numbers = (
+        np.array([leaves[i] for i in floats], dtype=np.float64),
+        np.array([leaves[i] for i in ints], dtype=np.int64),
+    )
     if found is None:
         returned = tuple(outputs[k] for k in order)
-        program = _segment_program(nodes, returned, donated, kept_at, floats)
+        program = _segment_program(nodes, returned, donated, kept_at, floats, ints)
         with warnings.catch_warnings():
             # a donated input no output can reuse (another shape) is merely freed
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
@@ -250,7 +256,7 @@ def flush(reason: str = "value needed") -> None:
                 (given, kept, numbers),
                 kind="segment",
                 name=_segment_name(nodes),
-                signature=_leaf_signature(nodes, leaves, (*donated, *kept_at, *floats)),
+                signature=_leaf_signature(nodes, leaves, (*donated, *kept_at, *floats, *ints)),
                 donate_argnums=(0,) if donated else (),
             )
         _compiled[fingerprint] = (fn, donated, order)
@@ -312,7 +318,7 @@ def _segment_name(nodes: list) -> str:
 
 def _leaf_signature(nodes: list, leaves: list, order: tuple) -> list:
     """Each input of the segment, in the order the executable takes them (donated ones
-    first, the packed floats last), named by the first op argument that reads it, with
+    first, the packed floats and ints last), named by the first op argument that reads it, with
     that argument's shape: what a recompile reports as changed."""
     labels = {}
     for entry, storage_refs, _, _ in nodes:
@@ -329,11 +335,13 @@ def _leaf_signature(nodes: list, leaves: list, order: tuple) -> list:
     ]
 
 
-def _segment_program(nodes: list, outputs: tuple, donated: tuple, kept: tuple, floats: tuple):
-    """The segment as one function of (donated leaves, kept leaves, packed floats), each
-    group's leaf positions given."""
+def _segment_program(
+    nodes: list, outputs: tuple, donated: tuple, kept: tuple, floats: tuple, ints: tuple
+):
+    """The segment as one function of (donated leaves, kept leaves, (packed floats,
+    packed ints)), each group's leaf positions given."""
     programs = [(entry.program, s, d, k) for entry, s, d, k in nodes]
-    n_leaves = len(donated) + len(kept) + len(floats)
+    n_leaves = len(donated) + len(kept) + len(floats) + len(ints)
 
     def segment(given, kept_leaves, numbers):
         leaves = [None] * n_leaves
@@ -341,9 +349,12 @@ def _segment_program(nodes: list, outputs: tuple, donated: tuple, kept: tuple, f
             leaves[i] = value
         for i, value in zip(kept, kept_leaves):
             leaves[i] = value
+        packed_floats, packed_ints = numbers
         for j, i in enumerate(floats):
-            # weakly typed, as the Python float itself is traced: a scalar to the lowering
-            leaves[i] = _weakly_typed(numbers[j])
+            # weakly typed, as the Python number itself is traced: a scalar to the lowering
+            leaves[i] = _weakly_typed(packed_floats[j])
+        for j, i in enumerate(ints):
+            leaves[i] = _weakly_typed(packed_ints[j])
         env = {}
 
         def get(ref):

@@ -53,35 +53,36 @@ def bucket_size(n: int) -> int:
     return max(_SMALLEST_BUCKET, 1 << (n - 1).bit_length())
 
 
-def key(seed: int, counter: int) -> jax.Array:
-    """The PRNG key of (seed, counter), `rng.make_key`'s."""
-    return _key_maker()(np.uint64(seed), np.uint64(counter))
+def key(words: np.ndarray) -> jax.Array:
+    """The PRNG key of `rng.next_key_words()`'s words, `rng.make_key`'s."""
+    return _key_maker()(words)
+
+
+_WORDS = (jax.ShapeDtypeStruct((2,), np.uint64),)  # (seed, counter), one host array
 
 
 @functools.cache
 def _key_maker():
-    example = (np.uint64(0), np.uint64(0))
-    return cache.compile(rng.make_key, example, kind="op", name="rng key")
+    return cache.compile(rng.key_from_words, _WORDS, kind="op", name="rng key")
 
 
 cache.on_clear(_key_maker.cache_clear)
 
 
-def bits(seed: int, counter: int, n: int) -> jax.Array:
-    """threefry's two 32-bit words per element for the key of (seed, counter), at the
-    bucket's size: uint32[bucket, 2]."""
-    return _drawer(bucket_size(n))(np.uint64(seed), np.uint64(counter))
+def bits(words: np.ndarray, n: int) -> jax.Array:
+    """threefry's two 32-bit words per element for the key of `rng.next_key_words()`'s
+    words, at the bucket's size: uint32[bucket, 2]."""
+    return _drawer(bucket_size(n))(words)
 
 
 @functools.cache
 def _drawer(bucket: int):
-    def draw(seed, counter):
-        words = jax.random.bits(rng.make_key(seed, counter), (bucket,), jnp.uint64)
+    def draw(key_words):
+        words = jax.random.bits(rng.key_from_words(key_words), (bucket,), jnp.uint64)
         high = (words >> np.uint64(32)).astype(jnp.uint32)
         return jnp.stack([high, words.astype(jnp.uint32)], axis=1)
 
-    example = (np.uint64(0), np.uint64(0))
-    return cache.compile(draw, example, kind="op", name=f"rng bits {bucket}")
+    return cache.compile(draw, _WORDS, kind="op", name=f"rng bits {bucket}")
 
 
 cache.on_clear(_drawer.cache_clear)
