@@ -88,7 +88,7 @@ class CompiledStep:
             members = self._members = _Members(self.model, members.version + 1 if members else 0)
         named, buffers, params = members.named, members.buffers, members.params
         state_keys, state_values = _state(self.optimizer, params)
-        lrs = [self._lr(group["lr"]) for group in self.optimizer.param_groups]
+        lrs = [self._lr(group) for group in self.optimizer.param_groups]
         key = (
             self.model.training,
             len(model_inputs),
@@ -110,16 +110,24 @@ class CompiledStep:
         args = [*params, *(b for _, b in buffers), *state_values, *lrs, *data]
         return program.run(params, self.optimizer, args)
 
-    def _lr(self, lr) -> torch.Tensor:
-        """The learning rate as a 0-d tpu tensor, uploaded once per value."""
+    def _lr(self, group: dict) -> torch.Tensor:
+        """The group's learning rate as a 0-d tpu tensor, uploaded once per value. Its
+        dtype is the group's scalar dtype (float32, or float64 for a float64 parameter),
+        as the optimizer's step counters are: a float64 learning rate made every
+        parameter's step size a float64 scalar, which a TPU emulates with dozens of
+        operations each (gpt_small's step: about 900 scalar operations)."""
+        lr = group["lr"]
         if isinstance(lr, torch.Tensor):
             return lr if lr.device.type == DEVICE_TYPE else lr.to(DEVICE_TYPE)
-        tensor = self._lr_tensors.get(lr)
+        dtype = torch.float32
+        if any(p.dtype == torch.float64 for p in group["params"]):
+            dtype = torch.float64
+        tensor = self._lr_tensors.get((lr, dtype))
         if tensor is None:
             if len(self._lr_tensors) >= 64:  # a scheduler: a new value every step
                 self._lr_tensors.clear()
-            tensor = torch.tensor(lr, dtype=torch.float64).to(DEVICE_TYPE)
-            self._lr_tensors[lr] = tensor
+            tensor = torch.tensor(lr, dtype=dtype).to(DEVICE_TYPE)
+            self._lr_tensors[(lr, dtype)] = tensor
         return tensor
 
     def _trace(self, named, buffers, state_keys, state_values, lrs, data, n_inputs) -> _Program:
