@@ -23,6 +23,51 @@ def _op_name(op) -> str:
     return f"{op._schema.name}.{op._overloadname}"
 
 
+def reads_host(t: torch.Tensor, host_ok: bool = False, written: bool = False) -> bool:
+    """Whether a tpu op may take CPU tensor t, as CUDA's take one: read when it is a
+    scalar (0-dim) or host_ok (an index, copied over); never written (the op would write
+    a copy, leaving t as it was). Any other tensor not on tpu is `device_mismatch`."""
+    return t.is_cpu and not written and (host_ok or t.dim() == 0)
+
+
+def device_mismatch(other: torch.device, device: object = f"{DEVICE_TYPE}:0") -> RuntimeError:
+    """CUDA's error for a tensor on another device among a tpu op's tensors."""
+    return RuntimeError(
+        "Expected all tensors to be on the same device, but found at least two "
+        f"devices, {device} and {other}!"
+    )
+
+
+_HOST_ARGS: dict = {}  # op -> per schema arg: (name, index list, written)
+
+
+def device_error(op, args: tuple, kwargs: dict) -> RuntimeError | None:
+    """The executor's device rule (`reads_host`) for an op with no lowering: for a call
+    holding a tpu tensor and a tensor elsewhere (an out= on the CPU, a CPU matrix),
+    CUDA's error, where the CPU kernel would have read that tensor or written into it."""
+    per_arg = _HOST_ARGS.get(op)
+    if per_arg is None:
+        per_arg = _HOST_ARGS[op] = tuple(
+            (a.name, str(a.type) == "List[Optional[Tensor]]", _is_written(a))
+            for a in op._schema.arguments
+        )
+    device = other = None
+    for i, (name, host_ok, written) in enumerate(per_arg):
+        value = args[i] if i < len(args) else kwargs.get(name)
+        for t in value if isinstance(value, (list, tuple)) else (value,):
+            if not isinstance(t, torch.Tensor):
+                continue
+            if t.device.type == DEVICE_TYPE:
+                device = device or t.device
+            elif other is None and not reads_host(t, host_ok, written):
+                other = t.device
+    return device_mismatch(other, device) if device and other else None
+
+
+def _is_written(arg) -> bool:
+    return bool(arg.alias_info and arg.alias_info.is_write)
+
+
 def _to_cpu(value):
     if isinstance(value, torch.Tensor) and value.device.type == DEVICE_TYPE:
         return value.cpu()
@@ -49,6 +94,9 @@ def cpus_error(op, args: tuple, kwargs: dict) -> Exception | None:
     elements), or None when CPU computes it: a PyTorch decomposition checks less than
     CPU's kernel and fails in its own words (grid_sampler_2d of a 5-D input: "too many
     values to unpack")."""
+    mismatch = device_error(op, args, kwargs)  # (a decomposition's out= wrapper raised
+    if mismatch is not None:  # "cross-device copies are not allowed": CUDA's words instead)
+        return mismatch
     values = [v for a in (*args, *kwargs.values()) for v in (a if isinstance(a, list) else [a])]
     if sum(v.numel() for v in values if isinstance(v, torch.Tensor)) > _LARGEST_RETRIED:
         return None
@@ -69,6 +117,9 @@ def run_on_cpu(op, args: tuple, kwargs: dict):
             f"{name} has no tpu lowering and the CPU fallback is disabled "
             "(torch.tpu.enable_cpu_fallback = False)"
         )
+    mismatch = device_error(op, args, kwargs)
+    if mismatch is not None:
+        raise mismatch
     if metrics.locate_fallbacks:
         from .debug import user_line
 
@@ -88,7 +139,7 @@ def run_on_cpu(op, args: tuple, kwargs: dict):
     schema = op._schema
     written = {}
     for i, arg in enumerate(schema.arguments):
-        if not (arg.alias_info and arg.alias_info.is_write):
+        if not _is_written(arg):
             continue
         if i < len(args):
             original, host = args[i], cpu_args[i]
