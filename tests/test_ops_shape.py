@@ -225,3 +225,84 @@ def test_roll_and_pixel_shuffles_keep_cpus_layout(case, channels_last, eager_mod
     (expected * weights).sum().backward()
     (actual * weights.to("tpu")).sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), x.grad)
+
+
+def _ones(d, *shape, dtype=torch.float32):
+    return torch.ones(*shape, dtype=dtype, device=d)
+
+
+# joins into an out= whose dtype the inputs' cannot be cast to, and CPU's checks that
+# come before that one (a 0-dim input, the dim, stack's sizes; cat's sizes come after)
+JOIN_OUT_ERRORS = {
+    "cat": lambda d: torch.cat([_ones(d, 2)] * 2, out=_ones(d, 4, dtype=torch.long)),
+    "concat": lambda d: torch.concat([_ones(d, 2)] * 2, out=_ones(d, 4, dtype=torch.long)),
+    "concatenate": lambda d: torch.concatenate(
+        [_ones(d, 2)] * 2, out=_ones(d, 4, dtype=torch.long)
+    ),
+    "stack": lambda d: torch.stack([_ones(d, 2)] * 2, out=_ones(d, 2, 2, dtype=torch.long)),
+    "hstack": lambda d: torch.hstack([_ones(d, 2)] * 2, out=_ones(d, 4, dtype=torch.long)),
+    "vstack": lambda d: torch.vstack([_ones(d, 2)] * 2, out=_ones(d, 2, 2, dtype=torch.long)),
+    "dstack": lambda d: torch.dstack([_ones(d, 2)] * 2, out=_ones(d, 1, 2, 2, dtype=torch.long)),
+    "column_stack": lambda d: torch.column_stack(
+        [_ones(d, 2)] * 2, out=_ones(d, 2, 2, dtype=torch.long)
+    ),
+    "complex into float": lambda d: torch.cat(
+        [_ones(d, 2, dtype=torch.cfloat)] * 2, out=_ones(d, 4)
+    ),
+    "float into bool": lambda d: torch.cat([_ones(d, 2)] * 2, out=_ones(d, 4, dtype=torch.bool)),
+    "mixed inputs into int": lambda d: torch.cat(
+        [_ones(d, 2, dtype=torch.int32), _ones(d, 2, dtype=torch.half)],
+        out=_ones(d, 4, dtype=torch.int32),
+    ),
+    "legacy empty input": lambda d: torch.cat(
+        [_ones(d, 2, dtype=torch.long), _ones(d, 0)], out=_ones(d, 2, dtype=torch.long)
+    ),
+    "cat sizes differ": lambda d: torch.cat(
+        [_ones(d, 2, 3), _ones(d, 2, 4)], out=_ones(d, 14, dtype=torch.long)
+    ),
+    "cat dim out of range": lambda d: torch.cat(
+        [_ones(d, 2)] * 2, dim=3, out=_ones(d, 4, dtype=torch.long)
+    ),
+    "cat of 0-dim": lambda d: torch.cat([_ones(d)] * 2, out=_ones(d, 2, dtype=torch.long)),
+    "cat of 0-dim, no out": lambda d: torch.cat([_ones(d)] * 2),
+    "cat of none": lambda d: torch.cat([], out=_ones(d, 2, dtype=torch.long)),
+    "stack sizes differ": lambda d: torch.stack(
+        [_ones(d, 2), _ones(d, 3)], out=_ones(d, 4, dtype=torch.long)
+    ),
+    "stack dim out of range": lambda d: torch.stack(
+        [_ones(d, 2)] * 2, dim=5, out=_ones(d, 4, dtype=torch.long)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(JOIN_OUT_ERRORS))
+def test_joins_refuse_an_out_dtype_as_cpu_does(case, eager_mode):
+    """CPU's cat raises TypeError ("torch.cat(): input types can't be cast to the desired
+    output type Long"); tpu's generic out= check raised RuntimeError in other words."""
+    expected_type = type(_raised(JOIN_OUT_ERRORS[case], "cpu"))
+    actual = _raised(JOIN_OUT_ERRORS[case], "tpu")
+    assert isinstance(actual, expected_type), f"{type(actual).__name__}: {actual}"
+    if case != "stack sizes differ":  # (the meta kernel's message prints torch.Size([2]))
+        assert str(_raised(JOIN_OUT_ERRORS[case], "cpu")) in str(actual)
+
+
+def _raised(fn, device) -> Exception:
+    try:
+        fn(device)
+    except Exception as e:  # the outcome under test
+        return e
+    raise AssertionError(f"no error on {device}")
+
+
+def test_joins_into_an_out_its_dtype_can_hold_still_cast(eager_mode):
+    for inputs, out_dtype in [
+        ([torch.arange(2), torch.arange(2)], torch.float32),
+        ([torch.ones(2, dtype=torch.float64)] * 2, torch.float32),
+        ([torch.ones(2, dtype=torch.bool)] * 2, torch.int8),
+    ]:
+        for join in (torch.cat, torch.stack):
+            expected = join(inputs, out=torch.empty(0, dtype=out_dtype))
+            out = torch.empty(0, dtype=out_dtype, device="tpu")
+            assert join([t.to("tpu") for t in inputs], out=out) is out
+            assert out.dtype == out_dtype
+            torch.testing.assert_close(out.cpu(), expected)

@@ -8,12 +8,16 @@ into a zero or given base through a view's geometry.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
-from torch._prims_common import suggest_memory_format
+from torch._prims_common import canonicalize_dim, suggest_memory_format
 
+from .pointwise import scalar_type_name
 from .registry import in_memory_format, lower
 
 
@@ -24,7 +28,57 @@ def _dim(dim: int, ndim: int) -> int:
 # --------------------------------------------------------------------- joining
 
 
-@lower("cat.default")
+def _refuses_out(tensors: list, out) -> bool:
+    """Whether CPU's cat (stack and the *stack functions join by it) refuses out= for a
+    dtype its inputs' promoted dtype cannot be cast to (`_out_dtype_error`)."""
+    if not isinstance(out, torch.Tensor) or not tensors:
+        return False
+    joined = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    return not torch.can_cast(joined, out.dtype)
+
+
+def _out_dtype_error(out: torch.Tensor) -> TypeError:
+    """CPU's refusal, a TypeError in its words: the executor's check of out= variants
+    says RuntimeError ("result type Float can't be cast..."), as other ops' kernels do."""
+    return TypeError(
+        f"torch.cat(): input types can't be cast to the desired output type "
+        f"{scalar_type_name(out.dtype)}"
+    )
+
+
+def _check_cat(values: list) -> bool:
+    """CPU's checks before the out= dtype's, in its words (the sizes come after): a
+    non-empty list, no 0-dim input (the meta kernel failed indexing it), and the dim,
+    wrapped by the first input that is not a legacy empty one."""
+    tensors, dim = values[0], values[1]
+    if not tensors:
+        raise ValueError("torch.cat(): expected a non-empty list of Tensors")
+    for position, t in enumerate(tensors):
+        if t.ndim == 0:
+            raise RuntimeError(
+                f"zero-dimensional tensor (at position {position}) cannot be concatenated"
+            )
+    wrapping = next((t for t in tensors if t.shape != (0,)), None)
+    if wrapping is not None:
+        canonicalize_dim(wrapping.ndim, dim)
+    out = values[2] if len(values) > 2 else None
+    if _refuses_out(tensors, out):
+        raise _out_dtype_error(out)
+    return False
+
+
+def _check_stack(values: list) -> bool:
+    """The out= dtype CPU refuses; its checks of the inputs' sizes and dim come first
+    (the meta kernel's, on stand-ins)."""
+    tensors, out = values[0], values[2] if len(values) > 2 else None
+    if _refuses_out(tensors, out):
+        stand_ins = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in tensors]
+        torch.stack(stand_ins, values[1])
+        raise _out_dtype_error(out)
+    return False
+
+
+@lower("cat.default", check=_check_cat)
 def cat(tensors, dim=0):
     """Legacy 1-D empty tensors join anything, as in PyTorch: they are skipped."""
     kept = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
@@ -33,7 +87,7 @@ def cat(tensors, dim=0):
     return jnp.concatenate(kept, axis=_dim(dim, kept[0].ndim))
 
 
-@lower("stack.default")
+@lower("stack.default", check=_check_stack)
 def stack(tensors, dim=0):
     return jnp.stack(tensors, axis=_dim(dim, tensors[0].ndim + 1))
 
