@@ -23,6 +23,8 @@ def _jdtype(dtype, default="float32"):
 
 def _check_full(values: list) -> bool:
     dtype = values[2]
+    if dtype is None and type(values[1]) is int:  # (an int fill makes an int64 tensor)
+        dtype = torch.int64
     return dtype is not None and check_fill_value(values[1], dtype)
 
 

@@ -473,7 +473,9 @@ def check_fill_value(value, dtype: torch.dtype) -> bool:
         return False
     complex_into_real = isinstance(value, complex) and not dtype.is_complex
     integer = not (dtype.is_floating_point or dtype.is_complex)
-    if not (complex_into_real or (integer and (dtype != torch.int64 or isinstance(value, float)))):
+    # (into int64, only a float or an int beyond int64's range, 2**63, can fail)
+    int64_safe = dtype == torch.int64 and isinstance(value, int) and -(2**63) <= value < 2**63
+    if not (complex_into_real or (integer and not int64_safe)):
         return False
     torch.empty((), dtype=dtype, device="cpu").fill_(value)  # raises CPU's error
     return True
