@@ -332,6 +332,27 @@ def test_quantized_tensors_on_tpu_are_refused_naming_the_limit(make_quantized):
             make_quantized()
 
 
+@pytest.mark.parametrize(
+    "use",
+    [lambda n: n + 1, lambda n: n.sum(), lambda n: n.unbind()[1].cpu()],
+    ids=["add", "sum", "unbind"],
+)
+def test_strided_nested_tensors_on_tpu_are_refused_naming_the_limit(use):
+    """PyTorch's own error at the first op named the 'NestedTensortpu' backend; a jagged
+    nested tensor (dense tensors underneath) runs, and a CPU one is untouched."""
+    parts = [torch.arange(2.0), torch.arange(3.0)]
+    nested = torch.nested.nested_tensor(parts, device="tpu")
+    with pytest.raises(NotImplementedError, match="nested tensors of layout torch.strided"):
+        use(nested)
+    with pytest.raises(NotImplementedError, match="nested tensors of layout torch.strided"):
+        use(torch.nested.nested_tensor(parts).to("tpu"))
+    jagged = torch.nested.nested_tensor(parts, layout=torch.jagged, device="tpu")
+    expected = torch.nested.nested_tensor(parts, layout=torch.jagged) * 2
+    for got, want in zip((jagged * 2).unbind(), expected.unbind()):
+        assert got.device.type == "tpu" and torch.equal(got.cpu(), want)
+    assert torch.equal((torch.nested.nested_tensor(parts) + 1).unbind()[1], parts[1] + 1)
+
+
 def test_rng_state_round_trip_and_seeding():
     torch.manual_seed(123)
     first = torch.randn(4, device="tpu").cpu()

@@ -58,6 +58,18 @@ def _sparse_fallback(op, *args, **kwargs):
     )
 
 
+def _nested_fallback(op, *args, **kwargs):
+    """The strided nested tpu key's boxed fallback: such a tensor is built without a tpu
+    op (a dense buffer wrapped on the host side), so its first op is where it can be
+    refused; PyTorch's own message named the 'NestedTensortpu' backend. Jagged nested
+    tensors are dense tensors underneath and run."""
+    raise NotImplementedError(
+        f"{op._schema.name}: nested tensors of layout torch.strided are not supported on "
+        "tpu; use torch.nested.nested_tensor(..., layout=torch.jagged), pad the batch, or "
+        "keep nested work on the CPU"
+    )
+
+
 def _quantized_fallback(op, *args, **kwargs):
     """The quantized tpu key's boxed fallback: PyTorch's own message ("Could not run
     'aten::empty_quantized' ... 'Quantizedtpu' backend") named an internal constructor."""
@@ -117,4 +129,5 @@ def register() -> None:
     for sparse_key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
         _fallback_library.fallback(_sparse_fallback, sparse_key)
     _fallback_library.fallback(_quantized_fallback, "QuantizedPrivateUse1")
+    _fallback_library.fallback(_nested_fallback, "NestedTensorPrivateUse1")
     _register_tpu_dist()
