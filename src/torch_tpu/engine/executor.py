@@ -643,7 +643,10 @@ def _meta_run(spec: OpSpec, values: list):
         with _no_cuda_alerts(), warnings.catch_warnings():
             # (`_warn_resized` warns at every call that resizes, as CPU, in CPU's words)
             warnings.filterwarnings("ignore", _RESIZED)
-            result = arguments.call_op(spec.schema.op, meta_values)
+            try:
+                result = arguments.call_op(spec.schema.op, meta_values)
+            except NotImplementedError:
+                result = _derived_out_meta(spec, meta_values)
     except AssertionError as e:
         # some of PyTorch's decompositions (nll_loss's) check arguments with AssertionError
         # where CPU's kernels raise RuntimeError with the same words
@@ -824,6 +827,9 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         if resize:
             return _Executable(None, None, (), (), resize)
     else:
+        resize = _lowering_resizes(spec, values, layout)
+        if resize:
+            return _Executable(None, None, (), (), resize)
         fresh_meta = _eval_shapes(spec, layout)
     written = []
     for target in spec.targets:
@@ -856,17 +862,41 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
 _OWN_RESIZE = {"arange.start_out": _arange_resized, "linspace.out": None, "logspace.out": None}
 
 
+def _lowering_resizes(spec: OpSpec, values: list, layout: tuple) -> dict:
+    """Where no meta kernel tells (neither the out= variant's nor its functional's:
+    `_logcumsumexp.out`): the out= arguments whose shape differs from the lowering's
+    result for them, with that shape, to be resized as CPU's kernels resize their
+    outs (an empty out, or a wrongly sized one with a warning), not written through
+    a view of the wrong shape."""
+    arguments_ = spec.schema.op._schema.arguments
+    outs = [
+        (k, target)
+        for k, target in enumerate(spec.targets)
+        if target is not None
+        and arguments_[target].is_out
+        and isinstance(values[target], torch.Tensor)
+    ]
+    if not outs:
+        return {}
+    shapes = _eval_shapes(replace(spec, targets=(None,) * len(spec.targets)), layout)
+    resize = {}
+    for k, target in outs:
+        meta = shapes[k] if k < len(shapes) else ABSENT
+        if not isinstance(meta, tuple):  # (absent, or a list of tensors)
+            continue
+        want = meta[0]
+        if want != tuple(values[target].shape) and not _keeps_shape(spec, want, values[target]):
+            resize[target] = want
+    return resize
+
+
 def _keeps_shape(spec: OpSpec, want: tuple, out: torch.Tensor) -> bool:
     return spec.lowering.name in _OWN_RESIZE and math.prod(want) == out.numel()
 
 
-def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:
-    """For an out= or in-place variant derived from a functional lowering: per target,
-    the dtype of the functional result (None where there is none), after CPU's rule that
-    it must cast safely to out's or self's (some of PyTorch's meta kernels accept any
-    dtype: angle's out=, mul_ of an int self by 1.5, which tpu truncated). The result is
-    rounded to that dtype before it is cast into out, as on CPU: `add(f16, f16,
-    out=f64)` overflows where float32 arithmetic would not. None for any other op."""
+def _functional_of(spec: OpSpec) -> torch._ops.OpOverload | None:
+    """The functional overload whose lowering an out= or in-place variant is derived
+    from (`kernels._register_variants`); None for any other op."""
     op = spec.schema.op
     if op.namespace != "aten":  # (derived variants are aten's; custom ops have none)
         return None
@@ -878,6 +908,43 @@ def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:
     if functional is op:
         return None
     if not out_variant and op._schema.name != functional._schema.name + "_":
+        return None
+    return functional
+
+
+def _derived_out_meta(spec: OpSpec, meta_values: list):
+    """The meta run of a derived out= variant PyTorch has no meta kernel for
+    (`_native_batch_norm_legit.out`): its functional's meta kernel gives each out=
+    argument's shape, and the out= stand-ins are resized to it, as CPU's kernels
+    resize their outs (`_build` then resizes the real ones, warning as CPU does).
+    NotImplementedError, as before, for any other op or when the functional has no
+    meta kernel either."""
+    functional = _functional_of(spec)
+    op = spec.schema.op
+    if functional is None or not any(a.is_out for a in op._schema.arguments):
+        raise NotImplementedError(f"{spec.schema.name} has no meta kernel")
+    results = arguments.call_op(functional, [meta_values[i] for i in spec.lowering_args])
+    results = results if isinstance(results, tuple) else (results,)
+    for result, target in zip(results, spec.targets):
+        out = None if target is None else meta_values[target]
+        if isinstance(out, torch.Tensor) and isinstance(result, torch.Tensor):
+            if out.shape != result.shape:
+                out.resize_(result.shape)
+    returns = tuple(meta_values[a] if a is not None else None for a in spec.schema.return_aliases)
+    return returns[0] if len(returns) == 1 else returns
+
+
+def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:
+    """For an out= or in-place variant derived from a functional lowering: per target,
+    the dtype of the functional result (None where there is none, and for the arguments
+    the lowering also writes, `Lowering.writes`, which keep their own dtype), after
+    CPU's rule that it must cast safely to out's or self's (some of PyTorch's meta
+    kernels accept any dtype: angle's out=, mul_ of an int self by 1.5, which tpu
+    truncated). The result is rounded to that dtype before it is cast into out, as on
+    CPU: `add(f16, f16, out=f64)` overflows where float32 arithmetic would not. None
+    for any other op."""
+    functional = _functional_of(spec)
+    if functional is None:
         return None
     try:  # (by name where the functional takes them so: add's alpha)
         results = arguments.call_op(functional, [meta_values[i] for i in spec.lowering_args])
@@ -895,6 +962,8 @@ def _out_result_dtypes(spec: OpSpec, meta_values: list) -> tuple | None:
                 for each_result, each_out in zip(result, out):
                     _check_result_casts(each_result, each_out)
             dtypes_out.append(None)
+    # (one per target: the written arguments after the returns take no cast)
+    dtypes_out.extend([None] * (len(spec.targets) - len(dtypes_out)))
     return tuple(dtypes_out)
 
 

@@ -230,14 +230,19 @@ def _register_variants(name: str, op, lowering: Lowering) -> None:
         ):
             continue
         outs = [i for i in range(len(args)) if args[i].is_out]
+        # the lowering's results are the functional's returns, then the new values of
+        # the arguments it mutates (`Lowering.writes`: batch norm's running statistics),
+        # which the variant takes under the same names and must update as well
+        names = [a.name for a in args]
+        writes = tuple(names.index(w) for w in lowering.writes)
         if outs:
             if len(outs) != len(functional.returns):
                 continue
-            spec = executor.make_spec(parse(variant), lowering, tuple(kept), tuple(outs))
+            spec = executor.make_spec(parse(variant), lowering, tuple(kept), (*outs, *writes))
         else:
             if len(functional.returns) != 1 or written != [0]:
                 continue
-            spec = executor.make_spec(parse(variant), lowering, None, (0,))
+            spec = executor.make_spec(parse(variant), lowering, None, (0, *writes))
         if _has(candidate, "CompositeImplicitAutograd"):
             continue
         _register_spec(candidate, spec, "derived")
