@@ -31,6 +31,7 @@ from . import (
     debug,
     device_asserts,
     donation,
+    fallback,
     fastpath,
     fuse,
     host_moves,
@@ -133,15 +134,9 @@ class _Inputs:
 
     def tensor(self, t: torch.Tensor, host_ok: bool = False, written: bool = False):
         if t.is_cpu or t.is_meta:  # (cheaper than building t.device on every call)
-            # a CPU scalar may be read, as CUDA reads one; written, it would keep its
-            # old value (the op writes the upload): CUDA refuses it too
-            if t.is_cpu and not written and (host_ok or t.dim() == 0):
-                t = upload(t)
-            else:
-                raise RuntimeError(
-                    "Expected all tensors to be on the same device, but found at least two "
-                    f"devices, {DEVICE_TYPE}:0 and {t.device}!"
-                )
+            if not fallback.reads_host(t, host_ok, written):  # (the CPU fallback's rule too)
+                raise fallback.device_mismatch(t.device)
+            t = upload(t)
         storage = storage_of(t)
         slot = self.slots.get(id(storage))
         if slot is None:
