@@ -261,3 +261,38 @@ def test_a_donated_storage_is_paired_with_its_own_new_value(mode):
     (found,) = [d for e, d in donation._DONATING.items() if "batch_norm" in e.name]
     # the donated statistics are the first parameters, their new values the first results
     assert _alias_pairs(found.fn.as_text()) == {0: 0, 1: 1}
+
+
+def test_never_written_storage_an_op_overwrites_is_not_materialised(mode, monkeypatch):
+    """`torch.ones` is `empty` and `fill_`: materialising the empty storage as zeros ran
+    a zeros program and held a second buffer (on a TPU until the next op) for a value
+    fill_ never reads. Repeat calls skip it; a partial write still sees zeros around it,
+    and values match CPU."""
+    from torch_tpu import tensor
+
+    materialised = []
+    zeros = tensor._zeros
+    monkeypatch.setattr(
+        tensor, "_zeros", lambda shape, dtype: materialised.append(shape) or zeros(shape, dtype)
+    )
+    n = 1 << 17  # (above the shared zeros' size: each would be a program and a buffer)
+
+    def calls():
+        x = torch.empty(3, n, device="tpu").fill_(2.5)
+        y = torch.ones(n, device="tpu")
+        z = torch.mul(y, 3, out=torch.empty(n, device="tpu"))
+        partial = torch.empty(2, n, device="tpu")
+        partial[0].fill_(1.0)  # (reads the storage: the rest stays zeros)
+        return x, y, z, partial
+
+    calls()
+    calls()  # (first calls: served on the host, then compiled)
+    materialised.clear()
+    x, y, z, partial = calls()
+    assert len(materialised) == 1  # the partially written storage's zeros only
+    torch.testing.assert_close(x.cpu(), torch.full((3, n), 2.5), rtol=0, atol=0)
+    torch.testing.assert_close(y.cpu(), torch.ones(n), rtol=0, atol=0)
+    torch.testing.assert_close(z.cpu(), torch.full((n,), 3.0), rtol=0, atol=0)
+    expected = torch.zeros(2, n)
+    expected[0] = 1.0
+    torch.testing.assert_close(partial.cpu(), expected, rtol=0, atol=0)

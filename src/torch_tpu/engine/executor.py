@@ -234,6 +234,11 @@ class _Executable:
     host_plan: object = None
     hosted: int = 0  # first calls served: at host_moves.calls_before_compile(), compile
     traced_at_first_call: object = None  # (the plan's trace, for the compile that follows)
+    # the written slots the program never reads (fill_, a random fill, an out= write):
+    # None until a call finds one of them never written (`_unread_written`)
+    unread: tuple | None = None
+    # per tuple of such slots never written at a call: the executable without them
+    without: dict = field(default_factory=dict)
 
 
 _CACHE: dict[tuple, _Executable] = {}
@@ -429,14 +434,25 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
         if spec.lowering.elementwise_draw and _drawn_in_bucket(spec, entry, values):
             return values[0]
         entry.host_plan = first_call = False  # (no other random program is served)
-    arrays = tuple([s.array() for s in storages])
+    written = entry.donated_slots
     dynamic = fastpath.device_scalars(dynamic)
     key_inputs = _key_inputs(spec, entry.predrawn)
+    skip = ()
+    if written and not first_call and any(storages[k].value is None for k in written):
+        skip = _never_written_unread(spec, entry, storages, dynamic, key_inputs)
+    if skip:  # (not materialised as zeros: a second buffer and a zeros program)
+        arrays = tuple([None if k in skip else s.array() for k, s in enumerate(storages)])
+        fn = _without(spec, entry, skip, storages, arrays, dynamic, key_inputs)
+        if modes.current is _STRICT:
+            fresh, written = fn(arrays, dynamic, key_inputs)
+        else:
+            fresh, written = debug.run_blocking(spec, values, fn, arrays, dynamic, key_inputs)
+        return _results(spec, entry, values, storages, fresh, written)
+    arrays = tuple([s.array() for s in storages])
     if first_call:
         served = _on_host(spec, entry, (arrays, dynamic, key_inputs))
         if served is not None:
             return _results(spec, entry, values, storages, *served)
-    written = entry.donated_slots
     if written and donation.possible(arrays, written) and not (
         modes.check_nans and modes.current is _DEBUG
     ):
@@ -451,6 +467,79 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
     else:
         fresh, written = debug.run_blocking(spec, values, fn, arrays, dynamic, key_inputs)
     return _results(spec, entry, values, storages, fresh, written)
+
+
+def _never_written_unread(
+    spec: OpSpec, entry: _Executable, storages: list, dynamic: tuple, key_inputs: tuple
+) -> tuple:
+    """The written slots of this call whose storage was never written (no array yet) and
+    that the program never reads: `torch.ones` is `empty` and `fill_`, and materialising
+    the empty storage as zeros ran a zeros program and held a second buffer (on a TPU
+    until the next op) for a value fill_ overwrites unread."""
+    unread = entry.unread
+    if unread is None:
+        unread = entry.unread = _unread_written(spec, entry, storages, dynamic, key_inputs)
+    return tuple(k for k in unread if storages[k].value is None)
+
+
+def _unread_written(
+    spec: OpSpec, entry: _Executable, storages: list, dynamic: tuple, key_inputs: tuple
+) -> tuple:
+    """The written slots whose input the program never reads (traced once per entry)."""
+    abstract = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in storages)
+    with lowering_errors(spec.schema.name):
+        closed = jax.make_jaxpr(entry.program)(abstract, dynamic, key_inputs)
+    jaxpr = closed.jaxpr
+    read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars}
+    read.update(id(v) for v in jaxpr.outvars)
+    inputs = jaxpr.invars[: len(storages)]
+    return tuple(k for k in entry.donated_slots if id(inputs[k]) not in read)
+
+
+class _Without:
+    """An entry's executable compiled without some storage inputs (slots it never reads,
+    whose storages hold no array); called like the plain executable, None in those
+    slots."""
+
+    __slots__ = ("fn", "skip")
+
+    def __init__(self, fn, skip: tuple) -> None:
+        self.fn = fn
+        self.skip = skip
+
+    def __call__(self, arrays: tuple, dynamic: tuple, key_inputs: tuple):
+        given = tuple([a for k, a in enumerate(arrays) if k not in self.skip])
+        return self.fn(given, dynamic, key_inputs)
+
+
+def _without(
+    spec: OpSpec, entry: _Executable, skip: tuple, storages: list, arrays: tuple, dynamic,
+    key_inputs,
+) -> _Without:
+    """The entry's executable without the storage inputs in `skip`, compiled once."""
+    found = entry.without.get(skip)
+    if found is not None:
+        return found
+    program, n = entry.program, len(arrays)
+    skipped = {k: (storages[k].shape, storages[k].dtype) for k in skip}
+
+    def program_without(given, dyn, keys):
+        rest = iter(given)
+        # (a stand-in the program never reads: dead code that XLA removes)
+        full = [jnp.zeros(*skipped[k]) if k in skipped else next(rest) for k in range(n)]
+        return program(tuple(full), dyn, keys)
+
+    example = (tuple([a for a in arrays if a is not None]), dynamic, key_inputs)
+    with lowering_errors(spec.schema.name):
+        fn = cache.compile(
+            program_without,
+            example,
+            kind="op",
+            name=entry.name,
+            signature=[item for k, item in enumerate(entry.signature) if k not in skip],
+        )
+    found = entry.without[skip] = _Without(fn, skip)
+    return found
 
 
 def _on_host(spec: OpSpec, entry: _Executable, args: tuple):
