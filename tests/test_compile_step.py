@@ -458,3 +458,36 @@ def test_a_model_moved_off_the_device_frees_its_storages():
     model.to("cpu")
     gc.collect()
     assert [r() for r in refs] == [None] * len(refs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_step_computes_in_the_parameters_precision(dtype):
+    """The learning rate is a run-time input of the parameters' precision: a float64 one
+    made a float32 model's AdamW step sizes float64 scalars (emulated on a TPU), and a
+    float32 one would round a float64 model's learning rate. (A float64 model trains
+    with float64 as the default dtype, as PyTorch's step counters follow it: with
+    float32 counters the bias corrections carry float32's error, as under
+    torch.compile; docs/compile.md.)"""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        cpu = _mlp()
+        tpu = copy.deepcopy(cpu).to("tpu")
+        cpu_opt = torch.optim.AdamW(cpu.parameters(), lr=0.01)
+        tpu_opt = torch.optim.AdamW(tpu.parameters(), lr=0.01)
+        step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
+        x, y = _batch()
+        for _ in range(3):
+            _eager_step(cpu, cpu_opt, nn.functional.cross_entropy, x, y)
+            step(x.to("tpu"), y.to("tpu"))
+    finally:
+        torch.set_default_dtype(saved)
+    assert tpu[0].weight.dtype == dtype
+    _assert_models_equal(cpu, tpu)
+    graph = list(step._programs.values())[-1].graph.graph
+    float64 = [
+        n.name
+        for n in graph.nodes
+        if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dtype == torch.float64
+    ]
+    assert (float64 != []) == (dtype == torch.float64), float64[:5]
