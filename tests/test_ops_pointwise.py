@@ -7,7 +7,14 @@ import warnings
 
 import pytest
 import torch
-from conftest import assert_same, assert_same_grad, lowered_packets, no_fallback, packet
+from conftest import (
+    assert_same,
+    assert_same_error,
+    assert_same_grad,
+    lowered_packets,
+    no_fallback,
+    packet,
+)
 
 _PACKETS = lowered_packets("pointwise")
 
@@ -134,6 +141,42 @@ def test_special_values_follow_torch(no_pointwise_fallback):
     assert_same(torch.nan_to_num, x.half())
     assert_same(torch.logit, x)
     assert_same(lambda t: torch.special.entr(t), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_binary_special_values_follow_torch(dtype, no_pointwise_fallback):
+    """Edges where tpu's values differed from CPU's without an error (PyTorch's
+    test_reductions and a binary-op probe, helper-63): CPU's pow(tensor, +-0.5) is a
+    square root (NaN at -inf, -0.0 at -0.0), igamma/igammac's special cases (a == 0,
+    infinite a or x), zeta at an s so large the second term underflows."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([-inf, -0.0, 0.0, 0.25, 2.0, inf, nan], dtype=dtype)
+    for exponent in (0.5, -0.5):
+        actual = assert_same(lambda t, e=exponent: torch.pow(t, e), x)
+        expected = torch.pow(x, exponent)
+        number = ~expected.isnan()  # (a NaN's sign is no value: differences.md)
+        assert torch.equal(actual.cpu()[number].signbit(), expected[number].signbit())
+    a = torch.tensor([0.0, -0.0, 0.0, inf, inf, 2.0, 0.0, 1.5, -1.0], dtype=dtype)
+    z = torch.tensor([0.5, 0.5, 0.0, 1.0, inf, inf, inf, 0.7, 1.0], dtype=dtype)
+    tolerance = {"rtol": 2e-3, "atol": 1e-3} if dtype == torch.float16 else {}
+    for fn in (torch.igamma, torch.igammac):
+        assert_same(fn, a, z, **tolerance)
+    if dtype in (torch.float32, torch.float64):  # (CPU's zeta refuses the half types)
+        s = torch.tensor([1e30, 1e30, 1e30, 3.0], dtype=dtype)
+        q = torch.tensor([1.0, 0.5, 2.0, 1.0], dtype=dtype)
+        assert_same(torch.special.zeta, s, q)
+
+
+@pytest.mark.parametrize("fn", [torch.gcd, torch.lcm])
+def test_gcd_lcm_refuse_floats_as_cpu_does(fn):
+    """CPU's kernels take integers only; tpu computed floats, and its Euclid loop never
+    ended for a NaN."""
+    def floats(device):
+        a = torch.tensor([4.0, float("nan")], device=device)
+        return fn(a, torch.tensor([6.0, 1.0], device=device))
+
+    assert_same_error(floats)
+    assert_same(fn, torch.tensor([4, -6, 0]), torch.tensor([6, 4, 5]))
 
 
 POLYNOMIALS = [

@@ -336,6 +336,17 @@ def test_selection_errors_are_cpus(eager_mode, name):
 # --------------------------------------------------------- out= and in-place
 
 
+@pytest.mark.parametrize("fn", [torch.var, torch.std])
+def test_moments_of_a_zero_dim_tensor_over_dim_zero(fn):
+    """A 0-d tensor reduces over dim 0 as over one element: CPU gives NaN (with its
+    degrees-of-freedom warning); tpu's check indexed the empty shape (IndexError)."""
+    x = torch.tensor(2.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for kwargs in ({"dim": 0}, {"dim": -1, "keepdim": True}, {"dim": 0, "correction": 0}):
+            assert_same(lambda t, k=kwargs: fn(t, **k), x)
+
+
 def test_out_and_inplace_variants():
     x = torch.randn(3, 5)
 

@@ -323,7 +323,20 @@ def _complex_power(base, exponent):
     return jnp.where((base == 0) & (jnp.real(exponent) > 0), jnp.zeros_like(power), power)
 
 
-lower("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")(_binary(_power))
+lower("pow.Tensor_Tensor", "pow.Scalar")(_binary(_power))
+
+
+@lower("pow.Tensor_Scalar")
+def pow_scalar(self, exponent):
+    """CPU's pow(tensor, number) takes sqrt for 0.5 and 1/sqrt for -0.5 (as CUDA):
+    pow(-inf, 0.5) is NaN and pow(-0.0, 0.5) is -0.0 there, inf and 0.0 in C's pow.
+    Not for float16 tensors, which CPU's kernel leaves to pow (bfloat16 ones not)."""
+    base, exponent = _cast(Promo.DEFAULT, self, exponent)
+    power = _power(base, exponent)
+    if _is_int(base) or _is_complex(base) or jnp.asarray(self).dtype == jnp.float16:
+        return power
+    root = jnp.sqrt(base)
+    return jnp.where(exponent == 0.5, root, jnp.where(exponent == -0.5, 1 / root, power))
 
 
 def _check_ldexp(values: list) -> bool:
@@ -591,6 +604,12 @@ def _hurwitz_zeta(s, q):
     # is 1 at its first step; above 1 the tail's inf * 0 makes it NaN (mathematically 0)
     infinite = jnp.where(q < 1, jnp.inf, jnp.where(q == 1, 1.0, jnp.nan))
     value = jnp.where(exponent == jnp.inf, infinite.astype(q.dtype), value)
+    # a finite s so large that (q + 1)^-s underflows (1e30): CPU's loop stops at its
+    # first term, q^-s (1 at q == 1, inf below), NaN where that is 0 too (0 / 0);
+    # jax's zeta gave NaN for all of them
+    first = q ** -exponent
+    underflow = (q > 0) & ((q + 1) ** -exponent == 0) & (exponent != jnp.inf)
+    value = jnp.where(underflow, jnp.where(first == 0, jnp.nan, first), value)
     value = jnp.where((q <= 0) & (exponent != jnp.floor(exponent)), jnp.nan, value)
     value = jnp.where(pole, jnp.inf, value)
     value = jnp.where(exponent < 1, jnp.nan, value)
@@ -748,8 +767,26 @@ def special_zeta(self, other):
     x, q = _cast(Promo.INT_TO_FLOAT, self, other)
     wide = dtypes.accumulate_float(x.dtype)  # (as CPU's kernel: its acc_type)
     return _hurwitz_zeta(x.astype(wide), q.astype(wide)).astype(x.dtype)
-lower("igamma.default")(_binary(jss.gammainc))
-lower("igammac.default")(_binary(jss.gammaincc))
+def _igamma_edges(fn, upper):
+    """CPU's special cases (ATen's calc_igamma/calc_igammac), in CPU's order: a == 0
+    with x > 0, an infinite a with a finite x and an infinite x, where JAX's
+    gammainc/gammaincc give NaN (igamma(0, 1) is 1 on CPU, NaN in JAX)."""
+
+    def igamma(a, x):
+        one, zero = jnp.ones_like(a), jnp.zeros_like(a)
+        nan = jnp.full_like(a, jnp.nan)
+        lo, hi = (one, zero) if upper else (zero, one)  # the values at x == 0, x == inf
+        return jnp.select(
+            [(x < 0) | (a < 0), a == 0, x == 0, jnp.isinf(a), jnp.isinf(x)],
+            [nan, jnp.where(x > 0, hi, nan), lo, jnp.where(jnp.isinf(x), nan, lo), hi],
+            fn(a, x),
+        )
+
+    return igamma
+
+
+lower("igamma.default")(_binary(_igamma_edges(jss.gammainc, upper=False)))
+lower("igammac.default")(_binary(_igamma_edges(jss.gammaincc, upper=True)))
 lower("atan2.default")(_binary(jnp.arctan2, Promo.INT_TO_FLOAT))
 lower("hypot.default")(_binary(jnp.hypot))
 lower("copysign.Tensor", "copysign.Scalar")(_binary(jnp.copysign, Promo.INT_TO_FLOAT))
@@ -775,12 +812,27 @@ def _gcd_parts(self, other):
     return a, b, divisor
 
 
-@lower("gcd.default")
+def _check_integral(kernel):
+    def check(values: list) -> bool:
+        """CPU's kernels take integers only; the meta kernels (and tpu's refusals, which
+        try only bool, integer and complex keys) accepted floats, and the Euclid loop
+        never ends for a NaN or an infinity."""
+        dtype = torch.result_type(values[0], values[1])
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise NotImplementedError(
+                f'"{kernel}" not implemented for \'{scalar_type_name(dtype)}\''
+            )
+        return False  # dtypes are part of the key
+
+    return check
+
+
+@lower("gcd.default", check=_check_integral("gcd_cpu"))
 def gcd(self, other):
     return _gcd_parts(self, other)[2]
 
 
-@lower("lcm.default")
+@lower("lcm.default", check=_check_integral("lcm_cpu"))
 def lcm(self, other):
     a, b, divisor = _gcd_parts(self, other)
     return jnp.where(divisor == 0, 0, jnp.abs(lax.div(a, jnp.where(divisor == 0, 1, divisor)) * b))

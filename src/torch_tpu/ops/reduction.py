@@ -309,7 +309,8 @@ def _check_moments(name: str, floating: bool = True):
         if self.is_complex():
             return False
         dims = range(self.dim()) if dim is None or dim == [] else dim
-        factor = math.prod(self.shape[canonicalize_dim(self.dim(), d)] for d in dims)
+        shape = self.shape if self.dim() else (1,)  # a 0-d tensor reduces over dim 0 / -1
+        factor = math.prod(shape[canonicalize_dim(self.dim(), d)] for d in dims)
         if factor - (1 if correction is None else correction) > 0:
             return False
         warnings.warn(
