@@ -92,3 +92,8 @@ def cpu_from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     if carrier is None:
         return torch.from_numpy(a.astype(TORCH_TO_JAX[dtype], copy=False))
     return torch.from_numpy(a.view(TORCH_TO_JAX[carrier])).view(dtype)
+
+
+def fits_int64(value: int) -> bool:
+    """Whether a Python int goes to an executable as an int64 (JAX refuses the rest)."""
+    return -(1 << 63) <= value < 1 << 63

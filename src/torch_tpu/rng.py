@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random as _py_random
 
+import numpy as np
 import torch
 
 _seed: int = 67280421310721  # PyTorch's default CPU seed
@@ -45,8 +46,6 @@ def next_key_words():
     """(seed, counter) for one random op as one host array, uint64[2]; advances the
     counter. An executable takes it as one input: on a TPU host each host scalar input
     cost an executable call about 175 us, one small array about 45 us."""
-    import numpy as np
-
     seed, counter = next_key_inputs()
     return np.array((seed, counter), dtype=np.uint64)
 

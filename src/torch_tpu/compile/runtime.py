@@ -25,11 +25,10 @@ import weakref
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .. import cache, memory_errors, metrics, platform, precision, rng, strided
+from .. import cache, memory_errors, metrics, precision, rng, strided
 from ..engine import device_asserts, donation, executor, fastpath, modes
 from ..engine.fuse import Pending
 from ..tensor import Fresh, storage_of, view_of
@@ -230,7 +229,9 @@ class CompiledGraph:
                     t = tensors[k] = self.host_copies.upload(k, t)
                 storage = storage_of(t)
             add_tensor(t, storage, key, storages, slots, offsets)
-        return tuple(key), storages, host, [_offset_scalar(offset) for offset in offsets]
+        # (cached device scalars: a host scalar input cost each call about 175 us on a TPU
+        # host, 6 us here; a step's offsets repeat, a batch sliced the same way each step)
+        return tuple(key), storages, host, [fastpath.int64_scalar(k) for k in offsets]
 
     def _describe_prefix(self, tensors: list) -> _StablePrefix | None:
         """The stable prefix of this call described, or None when it holds anything but
@@ -293,22 +294,6 @@ class CompiledGraph:
             options=self.options,
             donate_argnums=donate,
         )
-
-
-_OFFSETS: dict = {}  # storage offset -> it as an int64 device scalar
-cache.on_clear(_OFFSETS.clear)
-
-
-def _offset_scalar(offset: int) -> jax.Array:
-    """A run-time storage offset as the executable takes it cheapest: a cached device
-    scalar. A host scalar input cost each call about 175 us on a TPU host (6 us here); a
-    step's offsets repeat (a batch sliced the same way every step)."""
-    array = _OFFSETS.get(offset)
-    if array is None:
-        if len(_OFFSETS) >= 4096:  # (offsets that never repeat: start over)
-            _OFFSETS.clear()
-        array = _OFFSETS[offset] = jax.device_put(np.int64(offset), platform.device())
-    return array
 
 
 class _StablePrefix:

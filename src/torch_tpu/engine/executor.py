@@ -443,25 +443,21 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
     if skip:  # (not materialised as zeros: a second buffer and a zeros program)
         arrays = tuple([None if k in skip else s.array() for k, s in enumerate(storages)])
         fn = _without(spec, entry, skip, storages, arrays, dynamic, key_inputs)
-        if modes.current is _STRICT:
-            fresh, written = fn(arrays, dynamic, key_inputs)
-        else:
-            fresh, written = debug.run_blocking(spec, values, fn, arrays, dynamic, key_inputs)
-        return _results(spec, entry, values, storages, fresh, written)
-    arrays = tuple([s.array() for s in storages])
-    if first_call:
-        served = _on_host(spec, entry, (arrays, dynamic, key_inputs))
-        if served is not None:
-            return _results(spec, entry, values, storages, *served)
-    if written and donation.possible(arrays, written) and not (
-        modes.check_nans and modes.current is _DEBUG
-    ):
-        fn = donation.executable(
-            entry, arrays, dynamic, key_inputs, lowering_errors(spec.schema.name)
-        )
-        metrics.count("buffers_donated", len(written))
     else:
-        fn = entry.fn or _compile(spec, entry, arrays, dynamic, key_inputs)
+        arrays = tuple([s.array() for s in storages])
+        if first_call:
+            served = _on_host(spec, entry, (arrays, dynamic, key_inputs))
+            if served is not None:
+                return _results(spec, entry, values, storages, *served)
+        if written and donation.possible(arrays, written) and not (
+            modes.check_nans and modes.current is _DEBUG
+        ):
+            fn = donation.executable(
+                entry, arrays, dynamic, key_inputs, lowering_errors(spec.schema.name)
+            )
+            metrics.count("buffers_donated", len(written))
+        else:
+            fn = entry.fn or _compile(spec, entry, arrays, dynamic, key_inputs)
     if modes.current is _STRICT:
         fresh, written = fn(arrays, dynamic, key_inputs)
     else:

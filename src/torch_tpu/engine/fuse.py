@@ -31,7 +31,7 @@ import weakref
 import jax
 import numpy as np
 
-from .. import cache, env, memory_errors, metrics, strided
+from .. import cache, dtypes, env, memory_errors, metrics, strided
 from . import donation
 
 CAP = env.integer("TORCH_TPU_FUSE_CAP", 2048, 1)  # ops per segment before a flush
@@ -42,7 +42,6 @@ CAP = env.integer("TORCH_TPU_FUSE_CAP", 2048, 1)  # ops per segment before a flu
 # fused AdamW on the 101M MLP then peaked at 1.82x the ideal state against 1.20x
 # unsplit (cause not yet found); see docs/architecture.md.
 SPLIT_FLOPS: int | None = None
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1  # ints packed into int64 (others: leaves)
 
 
 class Pending:
@@ -224,7 +223,7 @@ def flush(reason: str = "value needed") -> None:
     metrics.count(f"flush: {reason}")
     leaves = segment.leaves
     floats = tuple([i for i, v in enumerate(leaves) if type(v) is float])
-    ints = tuple([i for i, v in enumerate(leaves) if type(v) is int and _I64_MIN <= v <= _I64_MAX])
+    ints = tuple([i for i, v in enumerate(leaves) if type(v) is int and dtypes.fits_int64(v)])
     donated = _donatable(leaves)
     segment.leaves = None  # (the donated arrays are deleted by the call)
     # (a node's entry hashes and compares by identity: the nodes are their own key)
