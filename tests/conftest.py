@@ -97,13 +97,17 @@ def count_compiles(monkeypatch) -> list:
 
     hold_executables(monkeypatch)
     programs = []
-    compile_program = cache.compile
 
-    def counting(*args, **kwargs):
-        programs.append(kwargs.get("name"))
-        return compile_program(*args, **kwargs)
+    def counted(compile_program):
+        def counting(*args, **kwargs):
+            programs.append(kwargs.get("name"))
+            return compile_program(*args, **kwargs)
 
-    monkeypatch.setattr(cache, "compile", counting)
+        return counting
+
+    # (strict mode's first calls start their compile with compile_soon)
+    monkeypatch.setattr(cache, "compile", counted(cache.compile))
+    monkeypatch.setattr(cache, "compile_soon", counted(cache.compile_soon))
     return programs
 
 

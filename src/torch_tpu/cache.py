@@ -38,12 +38,14 @@ import hmac
 import importlib.metadata
 import math
 import os
+import re
 import struct
 import tempfile
 import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -190,24 +192,106 @@ def compile(
     tells donating and plain executables apart). traced: fn already traced at
     example_args (`jax.jit(fn).trace`, no donation), by a caller that looked at it first.
     """
+    key, lowered, options, executable = _prepare(
+        fn, example_args, kind, options, donate_argnums, traced
+    )
+    if executable is None:
+        executable, seconds = _timed_compile(lowered, options, kind, name)
+        _file(key, executable, seconds, kind, name, signature)
+    return executable
+
+
+def compile_soon(
+    fn: Callable,
+    example_args: tuple,
+    *,
+    kind: str,
+    name: str,
+    signature: list[tuple] | None = None,
+    traced=None,
+) -> Callable | Compiling:
+    """`compile`, with XLA's part on a worker thread (`env.compile_threads()`): tracing,
+    lowering and the cache lookups run here, so a lowering's error is raised here.
+    Returns the executable when memory or disk held it, else a `Compiling`."""
+    key, lowered, options, executable = _prepare(fn, example_args, kind, None, (), traced)
+    if executable is not None:
+        return executable
+    future = _in_flight.get(key)
+    if future is None:  # (two ops lowered to one program share its compile)
+        future = _in_flight[key] = _workers().submit(_timed_compile, lowered, options, kind, name)
+    return Compiling(future, key, (kind, name, signature))
+
+
+class Compiling:
+    """An executable compiling on a worker thread (`compile_soon`). `result()` waits
+    for it, files it as `compile` does (metrics, disk, memory) and returns it; it raises
+    XLA's error, if any. Call it from the thread that started the compile."""
+
+    __slots__ = ("future", "key", "about", "executable")
+
+    def __init__(self, future, key: str, about: tuple) -> None:
+        self.future = future
+        self.key = key
+        self.about = about  # (kind, name, signature)
+        self.executable = None
+
+    def result(self) -> Callable:
+        if self.executable is None:
+            try:
+                executable, seconds = self.future.result()
+            except BaseException:
+                _in_flight.pop(self.key, None)  # (the next call of it compiles again)
+                raise
+            if _in_flight.pop(self.key, None) is not None:  # (the first sharer files it)
+                _file(self.key, executable, seconds, *self.about)
+            self.executable = executable
+        return self.executable
+
+
+_in_flight: dict = {}  # key -> the Future of its compile, until filed
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, workers)
+
+
+def _workers() -> ThreadPoolExecutor:
+    """The compile threads of this process (a forked child makes its own: the parent's
+    threads do not exist there, and work given to them would never run)."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        _in_flight.clear()
+        _pool = (os.getpid(), ThreadPoolExecutor(env.compile_threads(), "torch_tpu-compile"))
+    return _pool[1]
+
+
+def _prepare(fn, example_args, kind, options, donate_argnums, traced) -> tuple:
+    """(key, lowered, options, the executable from memory or disk or None)."""
     if traced is None or donate_argnums:
         traced = _trace(fn, example_args, donate_argnums)
     lowered = _lower(traced)
     options = {**_default_options(kind, traced), **_options, **(options or {})}
-    key = _key(_program_text(lowered), options)
+    text = _program_text(lowered)
+    key = _key(_placement_free(text) if kind == "op" else text, options)
     executable = _memory.get(key)
     if executable is not None:
         _stats["memory_hits"] += 1
-        return executable
+        return key, lowered, options, executable
     executable = _load(key, lowered)
-    if executable is None:
-        start = time.perf_counter()
-        executable = _xla_compile(lowered, options, kind, name)
-        metrics.record_compile(time.perf_counter() - start, kind, name, signature)
-        _store(key, executable)
+    if executable is not None:
+        _make_room()
+        _memory[key] = executable
+    return key, lowered, options, executable
+
+
+def _timed_compile(lowered, options: dict, kind: str, name: str) -> tuple:
+    start = time.perf_counter()
+    return _xla_compile(lowered, options, kind, name), time.perf_counter() - start
+
+
+def _file(key: str, executable, seconds: float, kind: str, name: str, signature) -> None:
+    """Record a new compile, write it to disk and keep it in memory."""
+    metrics.record_compile(seconds, kind, name, signature)
+    _store(key, executable)
     _make_room()
     _memory[key] = executable
-    return executable
 
 
 def max_in_memory() -> int:
@@ -321,6 +405,23 @@ def _program_text(lowered) -> str:
     # the argument avals and result tree too: the HLO omits unused arguments, and equal
     # HLO may take its arguments in another structure
     return f"{lowered.in_avals}\n{lowered.out_tree}\n{lowered.as_text()}"
+
+
+# A single-device placement in a program's text: committed inputs lower with it,
+# uncommitted ones (a factory's results) and abstract ones without. Strict mode
+# compiles an op from its inputs' avals when they are still pending, so the same op
+# could lower either way from one run to the next; both programs are the same.
+_EMPTY_MESH = re.compile(r"\n *sdy\.mesh @empty_mesh = <\[\]> \{[^\n]*\}")
+_EMPTY_MESH_SHARDING = re.compile(
+    r"(, )?sdy\.sharding = #sdy\.sharding<@empty_mesh, \[(?:\{\}|, )*\]>(, )?"
+)
+
+
+def _placement_free(text: str) -> str:
+    """A per-op program's text without single-device placements (its cache key)."""
+    text = _EMPTY_MESH.sub("", text)
+    text = _EMPTY_MESH_SHARDING.sub(lambda m: ", " if m.group(1) and m.group(2) else "", text)
+    return text.replace(" {}", "")
 
 
 def _xla_compile(lowered, options: dict, kind: str, name: str):

@@ -65,6 +65,14 @@ def _path(name: str) -> Callable[[], None]:
     return check
 
 
+def compile_threads() -> int:
+    """Threads that compile strict mode's first calls ahead of their run
+    (TORCH_TPU_COMPILE_THREADS; default the CPU count less one, at most 8; 0: each first
+    call compiles before it runs)."""
+    default = min(8, max(1, (os.cpu_count() or 2) - 1))
+    return integer("TORCH_TPU_COMPILE_THREADS", default, 0)
+
+
 VARIABLES: dict[str, Callable[[], object]] = {
     "TORCH_TPU_EAGER_MODE": _eager_mode,
     "TORCH_TPU_LAUNCH_BLOCKING": lambda: flag("TORCH_TPU_LAUNCH_BLOCKING"),
@@ -74,6 +82,7 @@ VARIABLES: dict[str, Callable[[], object]] = {
     "TORCH_TPU_FUSE_CAP": lambda: integer("TORCH_TPU_FUSE_CAP", 2048, 1),
     "TORCH_TPU_RECOMPILE_WARN_LIMIT": lambda: integer("TORCH_TPU_RECOMPILE_WARN_LIMIT", 8, 1),
     "TORCH_TPU_HOSTED_CALLS": lambda: integer("TORCH_TPU_HOSTED_CALLS", 2, 0),
+    "TORCH_TPU_COMPILE_THREADS": compile_threads,
     "TORCH_TPU_CACHE_MAX_BYTES": lambda: integer("TORCH_TPU_CACHE_MAX_BYTES", 4 << 30, 0),
     "TORCH_TPU_PERSISTENT_CACHE": lambda: flag("TORCH_TPU_PERSISTENT_CACHE", True),
     "TORCH_TPU_CACHE_DIR": _path("TORCH_TPU_CACHE_DIR"),

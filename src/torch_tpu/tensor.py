@@ -124,6 +124,11 @@ class Storage:
         elif type(value) is fuse.Pending:
             if value.value is None:
                 fuse.flush(reason)
+                if value.value is None:  # (else the storage would read as never written)
+                    raise RuntimeError(
+                        "tpu: this tensor has no value: the recorded ops that compute it "
+                        "failed when they ran (the error raised then says why)"
+                    )
             value = self.value = value.value
         return value
 

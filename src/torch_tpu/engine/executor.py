@@ -11,6 +11,7 @@ the host waits only when it reads a value.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import warnings
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 
-from .. import cache, dtypes, memory_errors, metrics, precision, rng, strided
+from .. import cache, dtypes, env, memory_errors, metrics, platform, precision, rng, strided
 from ..ops.pointwise import convert, scalar_type_name
 from ..ops.registry import Lowering, take_result_prefix
 from ..tensor import Fresh, new_tensor, storage_of, view_of
@@ -234,6 +235,9 @@ class _Executable:
     host_plan: object = None
     hosted: int = 0  # first calls served: at host_moves.calls_before_compile(), compile
     traced_at_first_call: object = None  # (the plan's trace, for the compile that follows)
+    # strict mode: compiling(entry) waits for the executable compiling on a worker
+    # thread, sets fn and returns it (`_compile_soon`); None when no compile runs ahead
+    compiling: object = None
     # the written slots the program never reads (fill_, a random fill, an out= write):
     # None until a call finds one of them never written (`_unread_written`)
     unread: tuple | None = None
@@ -269,13 +273,15 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
             if entry is not None:  # a repeat call: no layout, key, meta kernel or check
                 metrics.count_hit()
                 if modes.current is _STRICT:
+                    if fuse.window:
+                        return _behind_compiles(spec, entry, values, fast[1], fast[2])
                     plain = entry.plain
                     if plain:
                         return plain(fast[1], fast[2])
                     return _execute(spec, entry, values, fast[1], fast[2])
                 recorder = entry.recorder
                 if recorder:
-                    return recorder(values, fast[1], fast[2])
+                    return recorder(entry, values, fast[1], fast[2])
                 return _record(spec, entry, values, fast[1], fast[2])
     inputs = _Inputs()
     layout = _layout(spec, values, inputs)
@@ -349,13 +355,16 @@ def _plain_record(spec: OpSpec, entry: _Executable):
     """The fused counterpart of `_plain_call`, for an op with one result: one fresh
     tensor (`_plain_maker`), or one written storage whose argument it returns (an
     in-place op: an optimizer's updates). `_record` with every decision already taken:
-    (args, storages, run-time scalars) -> the result. False for any other entry."""
+    (entry, args, storages, run-time scalars) -> the result. False for any other entry.
+    (The entry is an argument, not captured: an entry holding a closure that holds it
+    is a reference cycle, and its executable then outlived the cache's forgetting it
+    until the next garbage collection.)"""
     record = fuse.record_one
     maker = _plain_maker(spec, entry)
     if maker is not None:
         make, shape = maker.make, fuse.fresh_shapes(entry)[0]
 
-        def fresh(values: list, storages: list, dynamic: list) -> torch.Tensor:
+        def fresh(entry, values: list, storages: list, dynamic: list) -> torch.Tensor:
             return make(record(entry, storages, dynamic, shape, False))
 
         return fresh
@@ -371,7 +380,7 @@ def _plain_record(spec: OpSpec, entry: _Executable):
         return False
     slot, alias = entry.written_slots[0], aliases[0]
 
-    def in_place(values: list, storages: list, dynamic: list) -> torch.Tensor:
+    def in_place(entry, values: list, storages: list, dynamic: list) -> torch.Tensor:
         storage = storages[slot]
         storage.value = record(entry, storages, dynamic, storage.shape, True)
         return values[alias]
@@ -405,6 +414,8 @@ _ABSTRACT_KEY = (jax.ShapeDtypeStruct((2,), np.uint32),)
 
 def _call(spec: OpSpec, entry: _Executable, values: list, inputs: _Inputs):
     if modes.current is not modes.EagerMode.DEFER_AND_FUSE:
+        if fuse.window and modes.current is _STRICT:
+            return _behind_compiles(spec, entry, values, inputs.storages, inputs.dynamic)
         return _execute(spec, entry, values, inputs.storages, inputs.dynamic)
     return _record(spec, entry, values, inputs.storages, inputs.dynamic)
 
@@ -435,6 +446,7 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
             return values[0]
         entry.host_plan = first_call = False  # (no other random program is served)
     written = entry.donated_slots
+    numbers = dynamic
     dynamic = fastpath.device_scalars(dynamic)
     key_inputs = _key_inputs(spec, entry.predrawn)
     skip = ()
@@ -456,6 +468,13 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
                 entry, arrays, dynamic, key_inputs, lowering_errors(spec.schema.name)
             )
             metrics.count("buffers_donated", len(written))
+        elif (
+            entry.fn is None
+            and _compiles_ahead(spec, entry)
+            and (entry.compiling is not None or _compile_soon(spec, entry, arrays, dynamic))
+        ):  # (compiling: record this call, run it at the next read)
+            fuse.open_window(_run_node)
+            return _record(spec, entry, values, storages, numbers)
         else:
             fn = entry.fn or _compile(spec, entry, arrays, dynamic, key_inputs)
     if modes.current is _STRICT:
@@ -628,9 +647,11 @@ def _made(maker, value):
 
 
 def _compile(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple, key_inputs: tuple):
+    if entry.compiling is not None:
+        return entry.compiling(entry)
     traced, entry.traced_at_first_call = entry.traced_at_first_call, None
     with lowering_errors(spec.schema.name):
-        entry.fn = cache.compile(
+        fn = cache.compile(
             entry.program,
             (arrays, dynamic, key_inputs),
             kind="op",
@@ -638,10 +659,88 @@ def _compile(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple, ke
             signature=entry.signature,
             traced=traced,
         )
+    return _compiled(spec, entry, fn)
+
+
+def _compiles_ahead(spec: OpSpec, entry: _Executable) -> bool:
+    """Whether a strict op without an executable may be recorded while it compiles on a
+    worker thread (`fuse.open_window`): one that writes no storage (no donation, no
+    in-place write to order), draws nothing (its key kind stays strict's) and checks no
+    index on the device."""
+    lowering = spec.lowering
+    return (
+        modes.current is _STRICT
+        and not entry.written_slots
+        and not lowering.random
+        and lowering.device_check is None
+        and env.compile_threads() > 0
+    )
+
+
+def _behind_compiles(spec: OpSpec, entry: _Executable, values: list, storages: list, dynamic):
+    """A strict op while first calls compile ahead: recorded if it can be and reads a
+    value still pending; else `_execute` (which records a first call that can be, and
+    runs anything else now: reading a pending value then runs the recorded ops first,
+    as any read does)."""
+    if any(type(s.value) is fuse.Pending for s in storages) and _compiles_ahead(spec, entry):
+        if entry.fn is None and entry.compiling is None:
+            # (placed as committed arrays are: the program's text, hence its key, the same)
+            placed = jax.sharding.SingleDeviceSharding(platform.device())
+            abstract = tuple(
+                jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=placed) for s in storages
+            )
+            _compile_soon(spec, entry, abstract, fastpath.device_scalars(dynamic))
+        return _record(spec, entry, values, storages, dynamic)
+    return _execute(spec, entry, values, storages, dynamic)
+
+
+def _compile_soon(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple) -> bool:
+    """Start compiling the entry's executable on a worker thread (`cache.compile_soon`:
+    traced and lowered here, so a lowering's error names this call); False when the
+    cache held it (then `entry.fn` is set: nothing to wait for)."""
+    traced, entry.traced_at_first_call = entry.traced_at_first_call, None
+    with lowering_errors(spec.schema.name):
+        found = cache.compile_soon(
+            entry.program,
+            (arrays, dynamic, ()),
+            kind="op",
+            name=entry.name,
+            signature=entry.signature,
+            traced=traced,
+        )
+    entry.traced = True
+    if not isinstance(found, cache.Compiling):
+        _compiled(spec, entry, found)
+        return False
+
+    entry.compiling = functools.partial(_compiled_soon, spec, found)
+    return True
+
+
+def _compiled_soon(spec: OpSpec, found, entry: _Executable):
+    """`entry.compiling(entry)`: wait for the compile `_compile_soon` started (the entry
+    is an argument: see `_plain_record`)."""
+    entry.compiling = None  # (after a failure, the next call compiles again)
+    with lowering_errors(spec.schema.name):
+        fn = found.result()
+    return _compiled(spec, entry, fn)
+
+
+def _compiled(spec: OpSpec, entry: _Executable, fn):
+    """The entry's executable is fn from now on; returns it."""
+    entry.fn = fn
     entry.traced = True
     if entry.plain is None:
         entry.plain = _plain_call(spec, entry)
-    return entry.fn
+    return fn
+
+
+def _run_node(entry: _Executable, arrays: tuple, numbers: list):
+    """One node of a strict window (`fuse._run_each`): the fresh outputs of the entry's
+    executable, as `_execute` calls it."""
+    fn = entry.fn or entry.compiling(entry)
+    fresh, _ = fn(arrays, fastpath.device_scalars(numbers), ())
+    return fresh
 
 
 def _trace_once(spec: OpSpec, entry: _Executable, storages: list, dynamic: tuple) -> None:
@@ -1277,8 +1376,6 @@ def _write_out(spec: OpSpec, out: torch.Tensor, result: torch.Tensor) -> None:
 
 def upload(cpu: torch.Tensor) -> torch.Tensor:
     """A tpu copy of a CPU tensor (contiguous)."""
-    from .. import platform
-
     # A private host copy (numpy_from_cpu's): XLA:CPU may wrap the buffer it is given
     # (and other platforms read it asynchronously), so a later in-place change to the
     # CPU tensor must not reach the buffer the device reads.

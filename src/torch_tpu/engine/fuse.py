@@ -27,6 +27,7 @@ import hashlib
 import math
 import warnings
 import weakref
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -57,7 +58,7 @@ class Pending:
 
 
 class _Segment:
-    __slots__ = ("leaves", "leaf_index", "nodes", "pendings", "flops")
+    __slots__ = ("leaves", "leaf_index", "nodes", "pendings", "flops", "run_each")
 
     def __init__(self) -> None:
         self.leaves: list = []
@@ -65,6 +66,8 @@ class _Segment:
         self.nodes: list[tuple] = []
         self.pendings: list[weakref.ref] = []
         self.flops = 0  # estimated contraction work recorded so far
+        # strict mode's window (`open_window`): runs one node by its own executable
+        self.run_each: Callable | None = None
 
     def leaf(self, array) -> int:
         index = self.leaf_index.get(id(array))
@@ -86,6 +89,8 @@ class _Segment:
 
 
 _segment = _Segment()
+# True while strict mode records its ops behind compiles running ahead (`open_window`)
+window = False
 _compiled: dict[tuple, tuple] = {}  # fingerprint -> (executable, donated leaves, output order)
 _FLOPS: dict = {}  # per-op executable -> its estimated contraction work
 cache.on_clear(_compiled.clear)
@@ -209,14 +214,32 @@ def _flops(entry) -> int:
     return 0
 
 
+def open_window(run_each: Callable) -> None:
+    """Strict mode: record ops from here on, each to run by its own executable, so that
+    their first-call compiles run on worker threads at once instead of one after
+    another (executor.py decides which ops). `run_each(entry, arrays, dynamic)` runs a
+    node and returns its fresh outputs. The window closes at the flush."""
+    global window
+    if not window:
+        _segment.run_each = run_each
+        window = True
+
+
 def flush(reason: str = "value needed") -> None:
-    """Run the recorded segment (if any) as one computation."""
-    global _segment
+    """Run the recorded segment (if any) as one computation, or (strict mode's window)
+    op by op."""
+    global _segment, window
     segment = _segment
+    window = False  # (also when a window opened and its op failed before it was recorded)
     if not segment.nodes:
+        segment.run_each = None
         return
     _segment = _Segment()
     live = [p for p in (w() for w in segment.pendings) if p is not None]
+    if segment.run_each is not None:
+        metrics.count(f"flush: {reason}")
+        _run_each(segment, live)
+        return
     outputs = tuple(p.ref for p in live)
     nodes = segment.nodes
     metrics.count("segments_run")
@@ -271,6 +294,50 @@ def flush(reason: str = "value needed") -> None:
         raise
     for k, value in zip(order, values):
         live[k].value = value
+
+
+def _run_each(segment: _Segment, live: list) -> None:
+    """A strict window's nodes in order, each by its own executable: the results strict
+    mode computes, op for op. A value is dropped after its last reader unless a live
+    tensor holds it, as strict mode frees an intermediate when its tensor dies."""
+    nodes, leaves = segment.nodes, segment.leaves
+    segment.leaves = None
+    wanted = {p.ref: p for p in live}
+    last_read: dict = {}
+    for n, (_, storage_refs, _, _) in enumerate(nodes):
+        for ref in storage_refs:
+            last_read[ref] = n
+    env: dict = {}
+
+    def keep(ref: tuple, value, n: int) -> None:
+        pending = wanted.get(ref)
+        if pending is not None:
+            pending.value = value
+        if last_read.get(ref, -1) > n:
+            env[ref] = value
+
+    run = segment.run_each
+    for n, (entry, storage_refs, dynamic_refs, _) in enumerate(nodes):
+        arrays = tuple([leaves[r] if type(r) is int else env[r] for r in storage_refs])
+        try:
+            fresh = run(entry, arrays, [leaves[i] for i in dynamic_refs])
+        except jax.errors.JaxRuntimeError as error:
+            memory_errors.raise_if_out_of_memory(error)
+            raise
+        del arrays
+        for ref in storage_refs:
+            if last_read.get(ref) == n:
+                del last_read[ref]
+                if type(ref) is int:
+                    leaves[ref] = None
+                else:
+                    env.pop(ref, None)
+        for k, value in enumerate(fresh):
+            if isinstance(value, list):
+                for j, item in enumerate(value):
+                    keep((n, "f", k, j), item, n)
+            else:
+                keep((n, "f", k), value, n)
 
 
 def _paired_first(nodes: list, outputs: tuple, donated: tuple) -> tuple[tuple, tuple]:

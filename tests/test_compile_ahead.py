@@ -1,0 +1,194 @@
+"""Strict mode's first calls compiled on worker threads (TORCH_TPU_COMPILE_THREADS).
+
+A strict op whose executable is not compiled yet is recorded while XLA compiles it on
+a worker thread, and so are the ops after it that read its pending results; the next
+read runs them in order, each by its own executable (engine/fuse.py `open_window`).
+That must change nothing a program can see but the time its first calls take: the same
+bits as compiling each first call before it runs, errors PyTorch raises at the call
+still raised at the call, in-place and random ops run at once, a read or a mode switch
+runs what is pending, and the per-op programs are compiled once and then reused.
+"""
+
+from __future__ import annotations
+
+import jax
+import pytest
+import torch
+from conftest import count_compiles
+
+from torch_tpu import cache, metrics
+from torch_tpu.engine import fuse, modes
+from torch_tpu.tensor import storage_of
+
+
+@pytest.fixture(autouse=True)
+def _fresh_programs():
+    """Every test starts with no executable in memory or on disk: its first calls compile."""
+    assert modes.current is modes.EagerMode.DEFER_NEVER
+    torch.tpu.synchronize()
+    cache.clear()
+    yield
+    torch.tpu.synchronize()
+
+
+def _pending(t: torch.Tensor) -> bool:
+    """Whether t's value is recorded and not computed yet."""
+    value = storage_of(t).value
+    return type(value) is fuse.Pending and value.value is None
+
+
+def _program(x, w):
+    """Forward-shaped work: a matmul, transcendental pointwise ops, reductions, a scan."""
+    y = torch.tanh(x @ w) * 2 + 1
+    z = y.softmax(-1).sum(0)
+    return (z.exp() - y.mean()).cumsum(0), torch.nn.functional.gelu(y).amax(1)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().view(torch.int32)
+
+
+def test_first_calls_are_recorded_while_they_compile_and_run_at_the_read(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_COMPILE_THREADS", "2")
+    x, w = torch.randn(37, 19).to("tpu"), torch.randn(19, 23).to("tpu")
+    deferred = metrics.snapshot().get("ops_deferred", 0)
+    out, peak = _program(x, w)
+    assert fuse.window and _pending(out) and _pending(peak)
+    assert metrics.snapshot().get("ops_deferred", 0) > deferred
+    expected = _program(x.cpu(), w.cpu())
+    torch.testing.assert_close(out.cpu(), expected[0], atol=1e-5, rtol=1e-5)
+    assert not fuse.window and not _pending(out)
+    torch.testing.assert_close(peak.cpu(), expected[1], atol=1e-5, rtol=1e-5)
+
+
+def test_results_are_the_bits_of_compiling_each_first_call_before_it_runs(monkeypatch):
+    x, w = torch.randn(41, 13), torch.randn(13, 29)
+    results = {}
+    for threads in ("0", "3"):
+        cache.clear()
+        monkeypatch.setenv("TORCH_TPU_COMPILE_THREADS", threads)
+        results[threads] = [_bits(t) for t in _program(x.to("tpu"), w.to("tpu"))]
+    for before, ahead in zip(results["0"], results["3"]):
+        assert torch.equal(before, ahead)
+
+
+def test_with_no_threads_a_first_call_runs_before_it_returns(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_COMPILE_THREADS", "0")
+    x = torch.randn(11, 7).to("tpu")
+    y = torch.tanh(x) + 3
+    assert not fuse.window and not _pending(y)
+    torch.testing.assert_close(y.cpu(), torch.tanh(x.cpu()) + 3)
+
+
+def test_each_program_compiles_once_and_later_calls_reuse_it(monkeypatch):
+    compiled = count_compiles(monkeypatch)
+    x = torch.randn(9, 31).to("tpu")
+    for _ in range(3):
+        y = torch.sigmoid(x) * x
+        assert torch.allclose(y.cpu(), torch.sigmoid(x.cpu()) * x.cpu())
+    assert compiled.count("aten::sigmoid.default") == 1
+    assert compiled.count("aten::mul.Tensor") == 1
+    before = len(compiled)
+    y = torch.sigmoid(x) * x  # all compiled: nothing recorded, nothing pending
+    assert not fuse.window and not _pending(y) and len(compiled) == before
+
+
+def test_an_error_pytorch_raises_at_the_call_is_raised_at_the_call():
+    x = torch.randn(6, 5).to("tpu")
+    y = torch.exp(x)  # recorded: pending
+    assert _pending(y)
+    with pytest.raises(RuntimeError, match=r"\[6, 5\] X \[4, 3\]"):
+        torch.mm(y, torch.randn(4, 3).to("tpu"))
+    assert _pending(y)  # (raised before anything ran)
+    torch.testing.assert_close(y.cpu(), torch.exp(x.cpu()))
+
+
+def test_in_place_and_random_ops_run_at_once_and_read_pending_values_in_order():
+    torch.manual_seed(3)
+    x = torch.randn(8, 12).to("tpu")
+    y = torch.cos(x)  # pending
+    assert _pending(y)
+    y.add_(1)  # an in-place write of a pending value: what is recorded runs first
+    assert not _pending(y)
+    z = torch.sin(y)  # a new first call: recorded again
+    noise = torch.rand_like(x)  # random: runs now, drawing in program order
+    assert not _pending(noise)
+    expected = torch.sin(torch.cos(x.cpu()) + 1)
+    torch.testing.assert_close(z.cpu(), expected)
+    torch.manual_seed(3)
+    torch.randn(8, 12).to("tpu")
+    assert torch.equal(torch.rand_like(x).cpu(), noise.cpu())
+
+
+def test_a_mode_switch_runs_the_pending_ops_op_by_op():
+    x = torch.randn(10, 3).to("tpu")
+    y = torch.log1p(x.abs())
+    assert _pending(y)
+    with torch.tpu.set_eager_mode("fused"):
+        assert not _pending(y)  # run before fused mode records anything
+        z = y * 2
+    torch.testing.assert_close(z.cpu(), torch.log1p(x.cpu().abs()) * 2)
+
+
+def test_values_no_tensor_holds_are_freed_as_strict_mode_frees_them(monkeypatch):
+    """After the read, the device holds what it holds when each first call compiles
+    before it runs: the recorded intermediates whose tensors died are gone."""
+    x0 = torch.randn(96, 96).to("tpu")
+    live = {}
+    for threads in ("0", "2"):
+        cache.clear()
+        monkeypatch.setenv("TORCH_TPU_COMPILE_THREADS", threads)
+        torch.tpu.synchronize()
+        before = {id(a) for a in jax.live_arrays()}
+        x = x0
+        for _ in range(6):
+            x = torch.tanh(x) * x0  # each x dies at the next step
+        result = x.cpu()
+        live[threads] = [a.shape for a in jax.live_arrays() if id(a) not in before]
+        del x
+    assert live["2"] == live["0"] == [(96, 96)], live  # the last x alone
+    assert torch.isfinite(result).all()
+
+
+def test_a_compile_that_fails_raises_at_the_read_and_leaves_no_silent_value(monkeypatch):
+    def failing(*args, **kwargs):
+        raise RuntimeError("XLA failed on purpose")
+
+    x = torch.randn(5, 17).to("tpu")
+    monkeypatch.setattr(cache, "_xla_compile", failing)
+    y = torch.erf(x)
+    assert _pending(y)
+    with pytest.raises(RuntimeError, match="XLA failed on purpose"):
+        y.cpu()
+    with pytest.raises(RuntimeError, match="has no value"):
+        y.cpu()  # (not zeros: the storage was never computed)
+    monkeypatch.undo()
+    monkeypatch.setenv("TORCH_TPU_COMPILE_THREADS", "1")
+    torch.testing.assert_close(torch.erf(x).cpu(), torch.erf(x.cpu()))  # compiles again
+
+
+def test_a_program_lowered_with_or_without_its_placement_is_one_cache_entry():
+    """An op compiled from pending inputs (abstract, placed on the device) and the same op
+    from uncommitted arrays (a factory's results) lower to texts that differ only in the
+    single-device placement: one key, one executable, which runs either kind of input."""
+    import jax.numpy as jnp
+
+    from torch_tpu import platform
+
+    def program(a, b):
+        return (a * 2 + b, a.sum())
+
+    placed = jax.sharding.SingleDeviceSharding(platform.device())
+    texts = []
+    for sharding in (placed, None):
+        avals = [jax.ShapeDtypeStruct((4, 5), jnp.float32, sharding=sharding)] * 2
+        texts.append(cache._program_text(cache._lower(cache._trace(program, tuple(avals)))))
+    assert texts[0] != texts[1]
+    assert cache._placement_free(texts[0]) == cache._placement_free(texts[1])
+    committed = jax.device_put(jnp.ones((4, 5)), platform.device())
+    uncommitted = jnp.ones((4, 5))
+    before = metrics.snapshot().get("compiles", 0)
+    first = cache.compile(program, (committed, committed), kind="op", name="placement test")
+    again = cache.compile(program, (uncommitted, uncommitted), kind="op", name="placement test")
+    assert again is first and metrics.snapshot().get("compiles", 0) == before + 1
+    assert jnp.array_equal(again(uncommitted, uncommitted)[0], first(committed, committed)[0])
