@@ -192,3 +192,17 @@ def test_a_program_lowered_with_or_without_its_placement_is_one_cache_entry():
     again = cache.compile(program, (uncommitted, uncommitted), kind="op", name="placement test")
     assert again is first and metrics.snapshot().get("compiles", 0) == before + 1
     assert jnp.array_equal(again(uncommitted, uncommitted)[0], first(committed, committed)[0])
+
+
+def test_a_data_move_of_a_pending_value_is_served_on_the_host_as_without_a_window(
+    monkeypatch,
+):
+    compiled = count_compiles(monkeypatch)
+    x = torch.randn(6, 4).to("tpu")
+    y = torch.exp(x)
+    assert _pending(y)
+    hosted = metrics.snapshot().get("first_calls_on_host", 0)
+    flipped = y.flip(0)  # runs the window, then moves on the host: no compile
+    assert metrics.snapshot().get("first_calls_on_host", 0) == hosted + 1
+    assert "aten::flip.default" not in compiled and not _pending(flipped)
+    assert torch.equal(flipped.cpu(), y.cpu().flip(0))

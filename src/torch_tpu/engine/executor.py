@@ -562,13 +562,19 @@ def _on_host(spec: OpSpec, entry: _Executable, args: tuple):
     the trace the plan looked at, when it made one: `entry.traced_at_first_call`; a
     donating entry's executable traces its own)."""
     if entry.host_plan is None:
-        with lowering_errors(spec.schema.name):
-            plan, traced = host_moves.plan(entry.program, args)
-        entry.host_plan = plan or False
-        if not entry.donated_slots:
-            entry.traced_at_first_call = traced
+        _plan_on_host(spec, entry, args)
     plan = _first_calls_left(entry)
     return plan(args) if plan else None
+
+
+def _plan_on_host(spec: OpSpec, entry: _Executable, args: tuple) -> None:
+    """Decide once whether the entry's first calls run on the host (args: arrays or
+    their avals)."""
+    with lowering_errors(spec.schema.name):
+        plan, traced = host_moves.plan(entry.program, args)
+    entry.host_plan = plan or False
+    if not entry.donated_slots:
+        entry.traced_at_first_call = traced
 
 
 def _first_calls_left(entry: _Executable):
@@ -681,7 +687,8 @@ def _behind_compiles(spec: OpSpec, entry: _Executable, values: list, storages: l
     """A strict op while first calls compile ahead: recorded if it can be and reads a
     value still pending; else `_execute` (which records a first call that can be, and
     runs anything else now: reading a pending value then runs the recorded ops first,
-    as any read does)."""
+    as any read does). A first call that moves data only is served on the host, as
+    without a window (`host_moves`): a compile saved beats a longer window."""
     if any(type(s.value) is fuse.Pending for s in storages) and _compiles_ahead(spec, entry):
         if entry.fn is None and entry.compiling is None:
             # (placed as committed arrays are: the program's text, hence its key, the same)
@@ -689,7 +696,12 @@ def _behind_compiles(spec: OpSpec, entry: _Executable, values: list, storages: l
             abstract = tuple(
                 jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=placed) for s in storages
             )
-            _compile_soon(spec, entry, abstract, fastpath.device_scalars(dynamic))
+            args = (abstract, fastpath.device_scalars(dynamic), ())
+            if entry.host_plan is None:
+                _plan_on_host(spec, entry, args)
+            if entry.host_plan and entry.hosted < host_moves.calls_before_compile():
+                return _execute(spec, entry, values, storages, dynamic)
+            _compile_soon(spec, entry, *args[:2])
         return _record(spec, entry, values, storages, dynamic)
     return _execute(spec, entry, values, storages, dynamic)
 

@@ -85,7 +85,7 @@ def plan(program, args: tuple) -> tuple[HostPlan | None, object]:
     """(How to run program(*args) on the host, or None when it does anything but move
     data or is too big to copy both ways; the program traced at args, for the cache to
     compile without tracing it again, or None when it was not traced)."""
-    if sum(getattr(a, "nbytes", 8) for a in jax.tree.leaves(args)) > _MAX_BYTES:
+    if sum(_nbytes(a) if hasattr(a, "dtype") else 8 for a in jax.tree.leaves(args)) > _MAX_BYTES:
         return None, None
     traced = jax.jit(program).trace(*args)
     closed = traced.jaxpr
