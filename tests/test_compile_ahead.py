@@ -22,9 +22,11 @@ from torch_tpu.tensor import storage_of
 
 
 @pytest.fixture(autouse=True)
-def _fresh_programs():
-    """Every test starts with no executable in memory or on disk: its first calls compile."""
+def _fresh_programs(monkeypatch):
+    """Every test starts with no executable in memory or on disk (its first calls
+    compile) and two compile threads, whatever the environment says."""
     assert modes.current is modes.EagerMode.DEFER_NEVER
+    monkeypatch.setenv("TORCH_TPU_COMPILE_THREADS", "2")
     torch.tpu.synchronize()
     cache.clear()
     yield
