@@ -470,7 +470,9 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
             metrics.count("buffers_donated", len(written))
         elif (
             entry.fn is None
-            and _compiles_ahead(spec, entry)
+            and modes.current is _STRICT
+            and _recordable(spec, entry)
+            and env.compile_threads() > 0
             and (entry.compiling is not None or _compile_soon(spec, entry, arrays, dynamic))
         ):  # (compiling: record this call, run it at the next read)
             fuse.open_window(_run_node)
@@ -655,32 +657,32 @@ def _made(maker, value):
 def _compile(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple, key_inputs: tuple):
     if entry.compiling is not None:
         return entry.compiling(entry)
+    fn = _compile_program(cache.compile, spec, entry, (arrays, dynamic, key_inputs))
+    return _compiled(spec, entry, fn)
+
+
+def _compile_program(compile_with, spec: OpSpec, entry: _Executable, example: tuple):
+    """compile_with (`cache.compile` or `cache.compile_soon`) of the entry's program at
+    example, from the trace its host plan made when it made one."""
     traced, entry.traced_at_first_call = entry.traced_at_first_call, None
     with lowering_errors(spec.schema.name):
-        fn = cache.compile(
+        return compile_with(
             entry.program,
-            (arrays, dynamic, key_inputs),
+            example,
             kind="op",
             name=entry.name,
             signature=entry.signature,
             traced=traced,
         )
-    return _compiled(spec, entry, fn)
 
 
-def _compiles_ahead(spec: OpSpec, entry: _Executable) -> bool:
-    """Whether a strict op without an executable may be recorded while it compiles on a
-    worker thread (`fuse.open_window`): one that writes no storage (no donation, no
-    in-place write to order), draws nothing (its key kind stays strict's) and checks no
-    index on the device."""
+def _recordable(spec: OpSpec, entry: _Executable) -> bool:
+    """Whether a strict op may be recorded while first calls compile on worker threads
+    (`fuse.open_window`): one that writes no storage (no donation, no in-place write to
+    order), draws nothing (its key kind stays strict's) and checks no index on the
+    device."""
     lowering = spec.lowering
-    return (
-        modes.current is _STRICT
-        and not entry.written_slots
-        and not lowering.random
-        and lowering.device_check is None
-        and env.compile_threads() > 0
-    )
+    return not entry.written_slots and not lowering.random and lowering.device_check is None
 
 
 def _behind_compiles(spec: OpSpec, entry: _Executable, values: list, storages: list, dynamic):
@@ -689,7 +691,7 @@ def _behind_compiles(spec: OpSpec, entry: _Executable, values: list, storages: l
     runs anything else now: reading a pending value then runs the recorded ops first,
     as any read does). A first call that moves data only is served on the host, as
     without a window (`host_moves`): a compile saved beats a longer window."""
-    if any(type(s.value) is fuse.Pending for s in storages) and _compiles_ahead(spec, entry):
+    if any(type(s.value) is fuse.Pending for s in storages) and _recordable(spec, entry):
         if entry.fn is None and entry.compiling is None:
             # (placed as committed arrays are: the program's text, hence its key, the same)
             placed = jax.sharding.SingleDeviceSharding(platform.device())
@@ -710,21 +712,11 @@ def _compile_soon(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tupl
     """Start compiling the entry's executable on a worker thread (`cache.compile_soon`:
     traced and lowered here, so a lowering's error names this call); False when the
     cache held it (then `entry.fn` is set: nothing to wait for)."""
-    traced, entry.traced_at_first_call = entry.traced_at_first_call, None
-    with lowering_errors(spec.schema.name):
-        found = cache.compile_soon(
-            entry.program,
-            (arrays, dynamic, ()),
-            kind="op",
-            name=entry.name,
-            signature=entry.signature,
-            traced=traced,
-        )
+    found = _compile_program(cache.compile_soon, spec, entry, (arrays, dynamic, ()))
     entry.traced = True
     if not isinstance(found, cache.Compiling):
         _compiled(spec, entry, found)
         return False
-
     entry.compiling = functools.partial(_compiled_soon, spec, found)
     return True
 

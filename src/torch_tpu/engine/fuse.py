@@ -58,7 +58,7 @@ class Pending:
 
 
 class _Segment:
-    __slots__ = ("leaves", "leaf_index", "nodes", "pendings", "flops", "run_each")
+    __slots__ = ("leaves", "leaf_index", "nodes", "pendings", "flops")
 
     def __init__(self) -> None:
         self.leaves: list = []
@@ -66,8 +66,6 @@ class _Segment:
         self.nodes: list[tuple] = []
         self.pendings: list[weakref.ref] = []
         self.flops = 0  # estimated contraction work recorded so far
-        # strict mode's window (`open_window`): runs one node by its own executable
-        self.run_each: Callable | None = None
 
     def leaf(self, array) -> int:
         index = self.leaf_index.get(id(array))
@@ -89,8 +87,10 @@ class _Segment:
 
 
 _segment = _Segment()
-# True while strict mode records its ops behind compiles running ahead (`open_window`)
+# True while strict mode records its ops behind compiles running ahead (`open_window`):
+# the segment then runs op by op, each node by `_run_node`
 window = False
+_run_node: Callable | None = None
 _compiled: dict[tuple, tuple] = {}  # fingerprint -> (executable, donated leaves, output order)
 _FLOPS: dict = {}  # per-op executable -> its estimated contraction work
 cache.on_clear(_compiled.clear)
@@ -214,29 +214,26 @@ def _flops(entry) -> int:
     return 0
 
 
-def open_window(run_each: Callable) -> None:
+def open_window(run_node: Callable) -> None:
     """Strict mode: record ops from here on, each to run by its own executable, so that
     their first-call compiles run on worker threads at once instead of one after
-    another (executor.py decides which ops). `run_each(entry, arrays, dynamic)` runs a
+    another (executor.py decides which ops). `run_node(entry, arrays, dynamic)` runs a
     node and returns its fresh outputs. The window closes at the flush."""
-    global window
-    if not window:
-        _segment.run_each = run_each
-        window = True
+    global window, _run_node
+    window, _run_node = True, run_node
 
 
 def flush(reason: str = "value needed") -> None:
     """Run the recorded segment (if any) as one computation, or (strict mode's window)
     op by op."""
     global _segment, window
-    segment = _segment
+    segment, each = _segment, window
     window = False  # (also when a window opened and its op failed before it was recorded)
     if not segment.nodes:
-        segment.run_each = None
         return
     _segment = _Segment()
     live = [p for p in (w() for w in segment.pendings) if p is not None]
-    if segment.run_each is not None:
+    if each:
         metrics.count(f"flush: {reason}")
         _run_each(segment, live)
         return
@@ -316,7 +313,7 @@ def _run_each(segment: _Segment, live: list) -> None:
         if last_read.get(ref, -1) > n:
             env[ref] = value
 
-    run = segment.run_each
+    run = _run_node
     for n, (entry, storage_refs, dynamic_refs, _) in enumerate(nodes):
         arrays = tuple([leaves[r] if type(r) is int else env[r] for r in storage_refs])
         try:
