@@ -194,9 +194,17 @@ def test_keep_grads_false_updates_as_cpu_and_leaves_no_gradients():
         for name, value in cpu_opt.state[c].items():
             torch.testing.assert_close(tpu_opt.state[t][name].cpu(), value, msg=name)
     kept(xt, yt)
-    outputs = [len(program.graph.value_nodes) for program in step._programs.values()]
-    kept_outputs = [len(program.graph.value_nodes) for program in kept._programs.values()]
-    assert outputs[0] == kept_outputs[0] - 3  # the optimizer's three parameters' gradients
+    # the gradients leave in one buffer per dtype: kept's also holds the optimizer's three
+    # parameters' gradients
+    (graph,) = [program.graph for program in step._programs.values()][:1]
+    (kept_graph,) = [program.graph for program in kept._programs.values()][:1]
+    assert len(graph.value_nodes) == len(kept_graph.value_nodes)
+    optimized = sum(p.numel() for p in tpu_opt.param_groups[0]["params"])
+    assert _output_elements(kept_graph) - _output_elements(graph) == optimized
+
+
+def _output_elements(graph) -> int:
+    return sum(n.meta["val"].numel() for n in graph.value_nodes)
 
 
 def test_donated_parameters_never_show_through_other_references(sgd_run):
@@ -491,3 +499,90 @@ def test_step_computes_in_the_parameters_precision(dtype):
         if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dtype == torch.float64
     ]
     assert (float64 != []) == (dtype == torch.float64), float64[:5]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_gradients_in_one_buffer_behave_as_separate_tensors(mode):
+    """The gradients leave the step as one buffer per dtype and each `p.grad` is a part of
+    it: each still reads, and is changed in place, as its own tensor; a gradient kept
+    from an earlier step keeps its values; clipping, zeroing and an eager optimizer step
+    over them give CPU's results."""
+    cpu = _mlp()
+    with torch.tpu.set_eager_mode(mode):
+        tpu = copy.deepcopy(cpu).to("tpu")
+        cpu_opt = torch.optim.SGD(cpu.parameters(), lr=0.1)
+        tpu_opt = torch.optim.SGD(tpu.parameters(), lr=0.1)
+        step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
+        x, y = _batch()
+        _eager_step(cpu, cpu_opt, nn.functional.cross_entropy, x, y)
+        step(x.to("tpu"), y.to("tpu"))
+        grads = [p.grad for p in tpu.parameters()]
+        assert len({g.untyped_storage().data_ptr() for g in grads}) == 1  # one buffer
+        assert len({g.data_ptr() for g in grads}) == len(grads)
+        first = [g.cpu() for g in grads]
+        for c, t in zip(cpu.parameters(), tpu.parameters()):
+            torch.testing.assert_close(t.grad.cpu(), c.grad)
+        # in place, one gradient alone; then a foreach clip over all of them
+        grads[1].mul_(3)
+        list(cpu.parameters())[1].grad.mul_(3)
+        for model in (cpu, tpu):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, foreach=True)
+        for c, t in zip(cpu.parameters(), tpu.parameters()):
+            torch.testing.assert_close(t.grad.cpu(), c.grad)
+        cpu_opt.step()
+        tpu_opt.step()  # eager, over the parts
+        for c, t in zip(cpu.parameters(), tpu.parameters()):
+            torch.testing.assert_close(t.detach().cpu(), c.detach())
+        kept = [p.grad for p in tpu.parameters()]  # held across the next step
+        expected = [g.cpu() for g in kept]
+        step(x.to("tpu"), y.to("tpu"))
+        for k, g in zip(expected, kept):
+            torch.testing.assert_close(g.cpu(), k)
+        assert all(p.grad is not g for p, g in zip(tpu.parameters(), kept))
+        assert not all(torch.equal(f, p.grad.cpu()) for f, p in zip(first, tpu.parameters()))
+        tpu_opt.zero_grad(set_to_none=False)
+        assert all(torch.count_nonzero(p.grad.cpu()) == 0 for p in tpu.parameters())
+
+
+def test_a_gradient_of_a_non_contiguous_parameter_has_its_strides_as_on_cpu():
+    """A parameter that is not contiguous gets its gradient alone, laid out as CPU's."""
+    torch.manual_seed(0)
+    cpu = nn.Linear(8, 4)
+    cpu.weight = nn.Parameter(torch.randn(8, 4).t())  # (4, 8), strides (1, 4)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    assert not tpu.weight.is_contiguous()
+    cpu_opt = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    tpu_opt = torch.optim.SGD(tpu.parameters(), lr=0.1)
+    loss_fn = nn.functional.mse_loss
+    step = torch_tpu.compile_step(tpu, tpu_opt, loss_fn)
+    x, y = torch.randn(3, 8), torch.randn(3, 4)
+    for _ in range(2):
+        expected = _eager_step(cpu, cpu_opt, loss_fn, x, y)
+        assert step(x.to("tpu"), y.to("tpu")).item() == pytest.approx(expected, rel=1e-5)
+    for c, t in zip(cpu.parameters(), tpu.parameters()):
+        assert t.grad.stride() == c.grad.stride()
+        torch.testing.assert_close(t.grad.cpu(), c.grad)
+        torch.testing.assert_close(t.detach().cpu(), c.detach())
+
+
+def test_big_gradients_leave_alone(monkeypatch):
+    """Gradients above `PACKED_GRADIENT_ELEMENTS` are outputs of their own (packing one
+    costs a copy of it at the step's peak); the small ones still share a buffer."""
+    from torch_tpu.compile import step as step_module
+
+    monkeypatch.setattr(step_module, "PACKED_GRADIENT_ELEMENTS", 16)
+    cpu = _mlp()  # weights of 128 and 64 elements, biases of 16 and 4
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu_opt = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    tpu_opt = torch.optim.SGD(tpu.parameters(), lr=0.1)
+    step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
+    x, y = _batch()
+    _eager_step(cpu, cpu_opt, nn.functional.cross_entropy, x, y)
+    step(x.to("tpu"), y.to("tpu"))
+    weights, biases = [tpu[0].weight, tpu[2].weight], [tpu[0].bias, tpu[2].bias]
+    storages = {p: p.grad.untyped_storage().data_ptr() for p in weights + biases}
+    assert storages[biases[0]] == storages[biases[1]]
+    assert len({storages[w] for w in weights} | {storages[biases[0]]}) == 3
+    assert all(w.grad.untyped_storage().nbytes() == w.numel() * 4 for w in weights)
+    for c, t in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(t.grad.cpu(), c.grad)

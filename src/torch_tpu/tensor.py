@@ -293,6 +293,14 @@ def set_geometry(t: torch.Tensor, storage, offset: int, shape, strides) -> None:
     _set_storage(_CPU_KEYS, t, storage, offset, tuple(shape), tuple(strides))
 
 
+def over(storage: torch.UntypedStorage, offset: int, shape: tuple, dtype: torch.dtype):
+    """A new contiguous tensor of the given shape over part of an existing tpu storage,
+    from element `offset` on (compile_step's gradients, parts of one buffer)."""
+    t = _create_empty(shape, dtype)
+    _set_storage(_CPU_KEYS, t, storage, offset, shape, contiguous_strides(shape))
+    return t
+
+
 def replace_storage(t: torch.Tensor, shape, strides=None) -> None:
     """Give t a new, unwritten storage of the given geometry (resize_, out= resizing)."""
     shape = tuple(shape)
