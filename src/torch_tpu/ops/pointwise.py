@@ -22,6 +22,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promo
 from torch._prims_common import elementwise_dtypes
 
 from .. import dtypes
+from . import incomplete_gamma
 from .registry import lower
 
 # ------------------------------------------------------------ type promotion
@@ -767,10 +768,11 @@ def special_zeta(self, other):
     x, q = _cast(Promo.INT_TO_FLOAT, self, other)
     wide = dtypes.accumulate_float(x.dtype)  # (as CPU's kernel: its acc_type)
     return _hurwitz_zeta(x.astype(wide), q.astype(wide)).astype(x.dtype)
-def _igamma_edges(fn, upper):
+def _igamma_edges(upper):
     """CPU's special cases (ATen's calc_igamma/calc_igammac), in CPU's order: a == 0
     with x > 0, an infinite a with a finite x and an infinite x, where JAX's
-    gammainc/gammaincc give NaN (igamma(0, 1) is 1 on CPU, NaN in JAX)."""
+    gammainc/gammaincc give NaN (igamma(0, 1) is 1 on CPU, NaN in JAX); the rest by
+    `incomplete_gamma.regularized`."""
 
     def igamma(a, x):
         one, zero = jnp.ones_like(a), jnp.zeros_like(a)
@@ -779,14 +781,14 @@ def _igamma_edges(fn, upper):
         return jnp.select(
             [(x < 0) | (a < 0), a == 0, x == 0, jnp.isinf(a), jnp.isinf(x)],
             [nan, jnp.where(x > 0, hi, nan), lo, jnp.where(jnp.isinf(x), nan, lo), hi],
-            fn(a, x),
+            incomplete_gamma.regularized(a, x, upper),
         )
 
     return igamma
 
 
-lower("igamma.default")(_binary(_igamma_edges(jss.gammainc, upper=False)))
-lower("igammac.default")(_binary(_igamma_edges(jss.gammaincc, upper=True)))
+lower("igamma.default")(_binary(_igamma_edges(upper=False)))
+lower("igammac.default")(_binary(_igamma_edges(upper=True)))
 lower("atan2.default")(_binary(jnp.arctan2, Promo.INT_TO_FLOAT))
 lower("hypot.default")(_binary(jnp.hypot))
 lower("copysign.Tensor", "copysign.Scalar")(_binary(jnp.copysign, Promo.INT_TO_FLOAT))
