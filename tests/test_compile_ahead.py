@@ -5,8 +5,9 @@ a worker thread, and so are the ops after it that read its pending results; the 
 read runs them in order, each by its own executable (engine/fuse.py `open_window`).
 That must change nothing a program can see but the time its first calls take: the same
 bits as compiling each first call before it runs, errors PyTorch raises at the call
-still raised at the call, in-place and random ops run at once, a read or a mode switch
-runs what is pending, and the per-op programs are compiled once and then reused.
+still raised at the call, random ops and writes of values computed before the window
+run at once, a read or a mode switch runs what is pending, and the per-op programs are
+compiled once and then reused.
 """
 
 from __future__ import annotations
@@ -105,21 +106,86 @@ def test_an_error_pytorch_raises_at_the_call_is_raised_at_the_call():
     torch.testing.assert_close(y.cpu(), torch.exp(x.cpu()))
 
 
-def test_in_place_and_random_ops_run_at_once_and_read_pending_values_in_order():
+def test_writes_of_pending_values_are_recorded_other_writes_and_draws_run_at_once():
+    """An in-place op on a value the window computes is recorded (backward's gradient
+    accumulation); one on a tensor that held a value before the window runs at once,
+    after what is recorded (a failed window must not take that value with it); a
+    random op runs at once, drawing in program order."""
     torch.manual_seed(3)
     x = torch.randn(8, 12).to("tpu")
+    w = torch.ones(8, 12).to("tpu")
     y = torch.cos(x)  # pending
     assert _pending(y)
-    y.add_(1)  # an in-place write of a pending value: what is recorded runs first
-    assert not _pending(y)
+    y.add_(1)  # writes a pending value: recorded
+    assert _pending(y)
+    y.mul_(x)
+    w.add_(y)  # writes a tensor with a value: what is recorded runs first, then this
+    assert not _pending(w) and not _pending(y)
     z = torch.sin(y)  # a new first call: recorded again
-    noise = torch.rand_like(x)  # random: runs now, drawing in program order
+    noise = torch.rand_like(x)  # random: runs now
     assert not _pending(noise)
-    expected = torch.sin(torch.cos(x.cpu()) + 1)
-    torch.testing.assert_close(z.cpu(), expected)
+    expected = (torch.cos(x.cpu()) + 1) * x.cpu()
+    torch.testing.assert_close(z.cpu(), torch.sin(expected))
+    torch.testing.assert_close(w.cpu(), expected + 1)
     torch.manual_seed(3)
     torch.randn(8, 12).to("tpu")
     assert torch.equal(torch.rand_like(x).cpu(), noise.cpu())
+
+
+def test_a_recorded_write_donates_the_buffer_it_overwrites_and_keeps_the_bits(monkeypatch):
+    """At the run, a recorded in-place op takes the donating executable its later
+    calls use when nothing else holds the old value, and a held old value is kept
+    (the op then runs without donating); the bits are those of running each op at its
+    call."""
+    x0 = torch.randn(33, 17)
+    results = {}
+    for threads in ("0", "2"):
+        cache.clear()
+        monkeypatch.setenv("TORCH_TPU_COMPILE_THREADS", threads)
+        x = x0.to("tpu")
+        donated = metrics.snapshot().get("buffers_donated", 0)
+        y = torch.tanh(x)
+        y.mul_(3)  # the old value of y: no one else holds it
+        kept = torch.exp(x)
+        alias = kept.view(-1)  # (a view: the same storage, so the same value)
+        held = kept.untyped_storage()._tpu.value  # the old value, held from outside
+        kept.add_(y)
+        assert (threads == "2") == _pending(kept)
+        results[threads] = [_bits(y), _bits(kept), _bits(alias)]
+        assert metrics.snapshot().get("buffers_donated", 0) - donated >= 1
+        if type(held) is fuse.Pending:  # (threads 2: the recorded exp's result)
+            held = held.value
+        torch.testing.assert_close(
+            torch.as_tensor(jax.device_get(held)), torch.exp(x0), atol=1e-6, rtol=1e-6
+        )  # (still readable: not donated)
+        del held
+    for before, ahead in zip(results["0"], results["2"]):
+        assert torch.equal(before, ahead)
+
+
+def test_a_first_backward_accumulates_gradients_in_the_window_with_strict_bits(monkeypatch):
+    """Backward's in-place accumulation into gradient buffers (a weight used twice) is
+    recorded with the rest of the first backward: the gradients are the bits of
+    compiling each first call before it runs."""
+    torch.manual_seed(0)
+    w0, x0 = torch.randn(16, 16), torch.randn(4, 16)
+    grads = {}
+    deferred = {}
+    for threads in ("0", "2"):
+        cache.clear()
+        monkeypatch.setenv("TORCH_TPU_COMPILE_THREADS", threads)
+        w = w0.to("tpu").requires_grad_()
+        x = x0.to("tpu")
+        before = metrics.snapshot().get("ops_deferred", 0)
+        loss = torch.tanh(torch.tanh(x @ w) @ w).pow(2).sum()  # w used twice
+        loss.backward()
+        deferred[threads] = metrics.snapshot().get("ops_deferred", 0) - before
+        grads[threads] = _bits(w.grad)
+    assert torch.equal(grads["0"], grads["2"])
+    assert deferred["0"] == 0 and deferred["2"] > 0
+    w = w0.clone().requires_grad_()
+    torch.tanh(torch.tanh(x0 @ w) @ w).pow(2).sum().backward()
+    torch.testing.assert_close(grads["2"].view(torch.float32), w.grad, atol=1e-5, rtol=1e-5)
 
 
 def test_a_mode_switch_runs_the_pending_ops_op_by_op():

@@ -208,12 +208,15 @@ def compile_soon(
     kind: str,
     name: str,
     signature: list[tuple] | None = None,
+    donate_argnums: tuple[int, ...] = (),
     traced=None,
 ) -> Callable | Compiling:
     """`compile`, with XLA's part on a worker thread (`env.compile_threads()`): tracing,
     lowering and the cache lookups run here, so a lowering's error is raised here.
     Returns the executable when memory or disk held it, else a `Compiling`."""
-    key, lowered, options, executable = _prepare(fn, example_args, kind, None, (), traced)
+    key, lowered, options, executable = _prepare(
+        fn, example_args, kind, None, donate_argnums, traced
+    )
     if executable is not None:
         return executable
     future = _in_flight.get(key)

@@ -50,32 +50,52 @@ def held_only_by(container, index: int, holders: int) -> bool:
     return sys.getrefcount(container[index]) <= holders + 1  # + getrefcount's argument
 
 
-def possible(arrays: tuple, written_slots: tuple) -> bool:
-    """True when each written storage's array is held by its storage alone (and the
-    call's argument tuple)."""
-    return all(held_only_by(arrays, slot, 2) for slot in written_slots)
+def possible(arrays: tuple, written_slots: tuple, holders: int = 2) -> bool:
+    """True when each written storage's array is held by its storage alone and the
+    call's argument tuple (holders=1: by the tuple alone, the storage already holding
+    the op's pending result: a strict window's run, fuse._run_each)."""
+    return all(held_only_by(arrays, slot, holders) for slot in written_slots)
 
 
 class _Donating:
     """The entry's program with its written storages passed apart and donated; called
-    like the plain executable, (storage arrays, dynamic scalars, rng inputs)."""
+    like the plain executable, (storage arrays, dynamic scalars, rng inputs). fn may
+    still be compiling on a worker thread (`cache.Compiling`): the first call waits."""
 
-    __slots__ = ("fn", "written", "kept")
+    __slots__ = ("fn", "written", "kept", "entry", "errors")
 
-    def __init__(self, fn, written: tuple, kept: tuple) -> None:
+    def __init__(self, fn, written: tuple, kept: tuple, entry, errors) -> None:
         self.fn = fn
         self.written = written
         self.kept = kept
+        self.entry = entry
+        self.errors = errors  # (executor.lowering_errors of the op: an XLA error names it)
 
     def __call__(self, arrays: tuple, dynamic: tuple, key_inputs: tuple):
+        fn = self.fn
+        if type(fn) is cache.Compiling:
+            try:
+                with self.errors:
+                    fn = self.fn = fn.result()
+            except BaseException:
+                _DONATING.pop(self.entry, None)  # (the next call compiles again)
+                raise
         donated = tuple([arrays[s] for s in self.written])
         kept = tuple([arrays[s] for s in self.kept])
-        new_values, fresh = self.fn(donated, kept, dynamic, key_inputs)
+        new_values, fresh = fn(donated, kept, dynamic, key_inputs)
         return fresh, new_values
 
 
-def executable(entry, arrays: tuple, dynamic: tuple, key_inputs: tuple, lowering_errors):
-    """The entry's donating executable, compiled at its first use."""
+def started(entry) -> bool:
+    """Whether the entry's donating executable exists or is compiling."""
+    return entry in _DONATING
+
+
+def executable(
+    entry, arrays: tuple, dynamic: tuple, key_inputs: tuple, lowering_errors, compile_with=None
+):
+    """The entry's donating executable, compiled at its first use (by `compile_with`,
+    `cache.compile` unless given `cache.compile_soon`; arrays may then be avals)."""
     found = _DONATING.get(entry)
     if found is not None:
         return found
@@ -104,7 +124,7 @@ def executable(entry, arrays: tuple, dynamic: tuple, key_inputs: tuple, lowering
     with lowering_errors, warnings.catch_warnings():
         # a written storage no result can reuse (none here: results are storage-shaped)
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        fn = cache.compile(
+        fn = (compile_with or cache.compile)(
             donating,
             example,
             kind="op",
@@ -112,5 +132,5 @@ def executable(entry, arrays: tuple, dynamic: tuple, key_inputs: tuple, lowering
             signature=entry.signature,
             donate_argnums=(0,),
         )
-    found = _DONATING[entry] = _Donating(fn, written, kept)
+    found = _DONATING[entry] = _Donating(fn, written, kept, entry, lowering_errors)
     return found

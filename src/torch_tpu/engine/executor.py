@@ -228,6 +228,7 @@ class _Executable:
     # elements an elementwise draw takes predrawn bits for in strict and debug modes
     # (engine/predrawn.py), fixed per entry: its executable takes one kind of rng input
     predrawn: int = 0
+    spec: object = None  # the OpSpec (a strict window's run compiles what it lacks)
     # strict mode's first calls of a data-movement program run on the host
     # (engine/host_moves.py), as an elementwise draw's run through its bucket: the
     # HostPlan (True for a draw), None until planned, False when no more calls are
@@ -471,7 +472,7 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
         elif (
             entry.fn is None
             and modes.current is _STRICT
-            and _recordable(spec, entry)
+            and _recordable(spec, entry, storages)
             and env.compile_threads() > 0
             and (entry.compiling is not None or _compile_soon(spec, entry, arrays, dynamic))
         ):  # (compiling: record this call, run it at the next read)
@@ -676,13 +677,20 @@ def _compile_program(compile_with, spec: OpSpec, entry: _Executable, example: tu
         )
 
 
-def _recordable(spec: OpSpec, entry: _Executable) -> bool:
+def _recordable(spec: OpSpec, entry: _Executable, storages: list) -> bool:
     """Whether a strict op may be recorded while first calls compile on worker threads
-    (`fuse.open_window`): one that writes no storage (no donation, no in-place write to
-    order), draws nothing (its key kind stays strict's) and checks no index on the
-    device."""
+    (`fuse.open_window`): one that draws nothing (its key kind stays strict's), checks
+    no index on the device, and writes only values still pending in the window (the
+    gradient buffers backward accumulates into): a tensor that held a value before the
+    window keeps it if the window fails."""
     lowering = spec.lowering
-    return not entry.written_slots and not lowering.random and lowering.device_check is None
+    if lowering.random or lowering.device_check is not None:
+        return False
+    for slot in entry.donated_slots:
+        value = storages[slot].value
+        if type(value) is not fuse.Pending or value.value is not None:
+            return False
+    return True
 
 
 def _behind_compiles(spec: OpSpec, entry: _Executable, values: list, storages: list, dynamic):
@@ -690,9 +698,12 @@ def _behind_compiles(spec: OpSpec, entry: _Executable, values: list, storages: l
     value still pending; else `_execute` (which records a first call that can be, and
     runs anything else now: reading a pending value then runs the recorded ops first,
     as any read does). A first call that moves data only is served on the host, as
-    without a window (`host_moves`): a compile saved beats a longer window."""
-    if any(type(s.value) is fuse.Pending for s in storages) and _recordable(spec, entry):
-        if entry.fn is None and entry.compiling is None:
+    without a window (`host_moves`): a compile saved beats a longer window. An op
+    that writes starts compiling its donating executable, which its later calls use."""
+    if any(type(s.value) is fuse.Pending for s in storages) and _recordable(
+        spec, entry, storages
+    ):
+        if entry.fn is None and entry.compiling is None and not donation.started(entry):
             # (placed as committed arrays are: the program's text, hence its key, the same)
             placed = jax.sharding.SingleDeviceSharding(platform.device())
             abstract = tuple(
@@ -703,7 +714,12 @@ def _behind_compiles(spec: OpSpec, entry: _Executable, values: list, storages: l
                 _plan_on_host(spec, entry, args)
             if entry.host_plan and entry.hosted < host_moves.calls_before_compile():
                 return _execute(spec, entry, values, storages, dynamic)
-            _compile_soon(spec, entry, *args[:2])
+            if entry.donated_slots:
+                errors = lowering_errors(spec.schema.name)
+                donation.executable(entry, *args, errors, cache.compile_soon)
+                entry.traced = True
+            else:
+                _compile_soon(spec, entry, *args[:2])
         return _record(spec, entry, values, storages, dynamic)
     return _execute(spec, entry, values, storages, dynamic)
 
@@ -740,11 +756,19 @@ def _compiled(spec: OpSpec, entry: _Executable, fn):
 
 
 def _run_node(entry: _Executable, arrays: tuple, numbers: list):
-    """One node of a strict window (`fuse._run_each`): the fresh outputs of the entry's
-    executable, as `_execute` calls it."""
-    fn = entry.fn or entry.compiling(entry)
-    fresh, _ = fn(arrays, fastpath.device_scalars(numbers), ())
-    return fresh
+    """One node of a strict window (`fuse._run_each`): (fresh outputs, written values)
+    of the entry's executable, as `_execute` calls it. A write donates the buffer it
+    overwrites when the window's argument tuple alone holds it (the storage already
+    holds the op's result)."""
+    dynamic = fastpath.device_scalars(numbers)
+    written = entry.donated_slots
+    if written and donation.possible(arrays, written, holders=1):
+        errors = lowering_errors(entry.name)
+        fn = donation.executable(entry, arrays, dynamic, (), errors)
+        metrics.count("buffers_donated", len(written))
+    else:
+        fn = entry.fn or _compile(entry.spec, entry, arrays, dynamic, ())
+    return fn(arrays, dynamic, ())
 
 
 def _trace_once(spec: OpSpec, entry: _Executable, storages: list, dynamic: tuple) -> None:
@@ -1035,6 +1059,7 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         spec.schema.name,
         _signature(spec, layout),
         donated_slots=donated,
+        spec=spec,
     )
 
 

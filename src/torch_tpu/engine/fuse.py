@@ -218,7 +218,8 @@ def open_window(run_node: Callable) -> None:
     """Strict mode: record ops from here on, each to run by its own executable, so that
     their first-call compiles run on worker threads at once instead of one after
     another (executor.py decides which ops). `run_node(entry, arrays, dynamic)` runs a
-    node and returns its fresh outputs. The window closes at the flush."""
+    node and returns (its fresh outputs, the values it wrote). The window closes at the
+    flush."""
     global window, _run_node
     window, _run_node = True, run_node
 
@@ -295,8 +296,9 @@ def flush(reason: str = "value needed") -> None:
 
 def _run_each(segment: _Segment, live: list) -> None:
     """A strict window's nodes in order, each by its own executable: the results strict
-    mode computes, op for op. A value is dropped after its last reader unless a live
-    tensor holds it, as strict mode frees an intermediate when its tensor dies."""
+    mode computes, op for op. A value is dropped at its last reader unless a live
+    tensor holds it, as strict mode frees an intermediate when its tensor dies (before
+    the reader runs: a write into it may then donate its buffer)."""
     nodes, leaves = segment.nodes, segment.leaves
     segment.leaves = None
     wanted = {p.ref: p for p in live}
@@ -316,12 +318,6 @@ def _run_each(segment: _Segment, live: list) -> None:
     run = _run_node
     for n, (entry, storage_refs, dynamic_refs, _) in enumerate(nodes):
         arrays = tuple([leaves[r] if type(r) is int else env[r] for r in storage_refs])
-        try:
-            fresh = run(entry, arrays, [leaves[i] for i in dynamic_refs])
-        except jax.errors.JaxRuntimeError as error:
-            memory_errors.raise_if_out_of_memory(error)
-            raise
-        del arrays
         for ref in storage_refs:
             if last_read.get(ref) == n:
                 del last_read[ref]
@@ -329,12 +325,27 @@ def _run_each(segment: _Segment, live: list) -> None:
                     leaves[ref] = None
                 else:
                     env.pop(ref, None)
-        for k, value in enumerate(fresh):
-            if isinstance(value, list):
-                for j, item in enumerate(value):
-                    keep((n, "f", k, j), item, n)
-            else:
-                keep((n, "f", k), value, n)
+        try:
+            outputs = run(entry, arrays, [leaves[i] for i in dynamic_refs])
+        except jax.errors.JaxRuntimeError as error:
+            memory_errors.raise_if_out_of_memory(error)
+            raise
+        del arrays
+        _keep_outputs(n, outputs, keep)
+        del outputs  # (a value held here would not be donated by the next node)
+
+
+def _keep_outputs(n: int, outputs: tuple, keep: Callable) -> None:
+    """keep(ref, value, n) for each of node n's (fresh outputs, written values)."""
+    fresh, written = outputs
+    for k, value in enumerate(fresh):
+        if isinstance(value, list):
+            for j, item in enumerate(value):
+                keep((n, "f", k, j), item, n)
+        else:
+            keep((n, "f", k), value, n)
+    for k, value in enumerate(written):
+        keep((n, "w", k), value, n)
 
 
 def _paired_first(nodes: list, outputs: tuple, donated: tuple) -> tuple[tuple, tuple]:
