@@ -479,15 +479,7 @@ def test_step_computes_in_the_parameters_precision(dtype):
     saved = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        cpu = _mlp()
-        tpu = copy.deepcopy(cpu).to("tpu")
-        cpu_opt = torch.optim.AdamW(cpu.parameters(), lr=0.01)
-        tpu_opt = torch.optim.AdamW(tpu.parameters(), lr=0.01)
-        step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
-        x, y = _batch()
-        for _ in range(3):
-            _eager_step(cpu, cpu_opt, nn.functional.cross_entropy, x, y)
-            step(x.to("tpu"), y.to("tpu"))
+        cpu, _, tpu, _, step, _ = _stepped("adamw", 3)
     finally:
         torch.set_default_dtype(saved)
     assert tpu[0].weight.dtype == dtype
@@ -501,21 +493,28 @@ def test_step_computes_in_the_parameters_precision(dtype):
     assert (float64 != []) == (dtype == torch.float64), float64[:5]
 
 
+def _stepped(kind: str, steps: int):
+    """(cpu model, cpu optimizer, tpu model, tpu optimizer, compiled step, batch) after
+    `steps` steps of `_mlp` with the `_optimizer` of that kind, CPU eager and compiled."""
+    cpu = _mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu_opt, tpu_opt = _optimizer(kind, cpu.parameters()), _optimizer(kind, tpu.parameters())
+    step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
+    x, y = _batch()
+    for _ in range(steps):
+        _eager_step(cpu, cpu_opt, nn.functional.cross_entropy, x, y)
+        step(x.to("tpu"), y.to("tpu"))
+    return cpu, cpu_opt, tpu, tpu_opt, step, (x, y)
+
+
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_gradients_in_one_buffer_behave_as_separate_tensors(mode):
     """The gradients leave the step as one buffer per dtype and each `p.grad` is a part of
     it: each still reads, and is changed in place, as its own tensor; a gradient kept
     from an earlier step keeps its values; clipping, zeroing and an eager optimizer step
     over them give CPU's results."""
-    cpu = _mlp()
     with torch.tpu.set_eager_mode(mode):
-        tpu = copy.deepcopy(cpu).to("tpu")
-        cpu_opt = torch.optim.SGD(cpu.parameters(), lr=0.1)
-        tpu_opt = torch.optim.SGD(tpu.parameters(), lr=0.1)
-        step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
-        x, y = _batch()
-        _eager_step(cpu, cpu_opt, nn.functional.cross_entropy, x, y)
-        step(x.to("tpu"), y.to("tpu"))
+        cpu, cpu_opt, tpu, tpu_opt, step, (x, y) = _stepped("sgd", 1)
         grads = [p.grad for p in tpu.parameters()]
         assert len({g.untyped_storage().data_ptr() for g in grads}) == 1  # one buffer
         assert len({g.data_ptr() for g in grads}) == len(grads)
@@ -571,14 +570,7 @@ def test_big_gradients_leave_alone(monkeypatch):
     from torch_tpu.compile import step as step_module
 
     monkeypatch.setattr(step_module, "PACKED_GRADIENT_ELEMENTS", 16)
-    cpu = _mlp()  # weights of 128 and 64 elements, biases of 16 and 4
-    tpu = copy.deepcopy(cpu).to("tpu")
-    cpu_opt = torch.optim.SGD(cpu.parameters(), lr=0.1)
-    tpu_opt = torch.optim.SGD(tpu.parameters(), lr=0.1)
-    step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
-    x, y = _batch()
-    _eager_step(cpu, cpu_opt, nn.functional.cross_entropy, x, y)
-    step(x.to("tpu"), y.to("tpu"))
+    cpu, _, tpu, _, _, _ = _stepped("sgd", 1)  # weights of 128, 64 elements; biases 16, 4
     weights, biases = [tpu[0].weight, tpu[2].weight], [tpu[0].bias, tpu[2].bias]
     storages = {p: p.grad.untyped_storage().data_ptr() for p in weights + biases}
     assert storages[biases[0]] == storages[biases[1]]
