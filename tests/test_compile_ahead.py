@@ -5,8 +5,8 @@ a worker thread, and so are the ops after it that read its pending results; the 
 read runs them in order, each by its own executable (engine/fuse.py `open_window`).
 That must change nothing a program can see but the time its first calls take: the same
 bits as compiling each first call before it runs, errors PyTorch raises at the call
-still raised at the call, random ops and writes of values computed before the window
-run at once, a read or a mode switch runs what is pending, and the per-op programs are
+still raised at the call, random ops run at once, a failed window gives back what it
+wrote, a read or a mode switch runs what is pending, and the per-op programs are
 compiled once and then reused.
 """
 
@@ -106,22 +106,20 @@ def test_an_error_pytorch_raises_at_the_call_is_raised_at_the_call():
     torch.testing.assert_close(y.cpu(), torch.exp(x.cpu()))
 
 
-def test_writes_of_pending_values_are_recorded_other_writes_and_draws_run_at_once():
-    """An in-place op on a value the window computes is recorded (backward's gradient
-    accumulation); one on a tensor that held a value before the window runs at once,
-    after what is recorded (a failed window must not take that value with it); a
-    random op runs at once, drawing in program order."""
+def test_writes_are_recorded_and_draws_run_at_once_in_program_order():
+    """In-place ops are recorded, of values the window computes (backward's gradient
+    accumulation) and of tensors that held a value before it (an optimizer's updates);
+    a random op runs at once, drawing in program order."""
     torch.manual_seed(3)
     x = torch.randn(8, 12).to("tpu")
     w = torch.ones(8, 12).to("tpu")
     y = torch.cos(x)  # pending
     assert _pending(y)
-    y.add_(1)  # writes a pending value: recorded
-    assert _pending(y)
+    y.add_(1)  # writes a pending value
     y.mul_(x)
-    w.add_(y)  # writes a tensor with a value: what is recorded runs first, then this
-    assert not _pending(w) and not _pending(y)
-    z = torch.sin(y)  # a new first call: recorded again
+    w.add_(y)  # writes a tensor with a value
+    assert _pending(y) and _pending(w)
+    z = torch.sin(y)
     noise = torch.rand_like(x)  # random: runs now
     assert not _pending(noise)
     expected = (torch.cos(x.cpu()) + 1) * x.cpu()
@@ -130,6 +128,58 @@ def test_writes_of_pending_values_are_recorded_other_writes_and_draws_run_at_onc
     torch.manual_seed(3)
     torch.randn(8, 12).to("tpu")
     assert torch.equal(torch.rand_like(x).cpu(), noise.cpu())
+
+
+def _failing_compiles_of(monkeypatch, op: str) -> None:
+    """Make XLA fail to compile the programs of `op` (the name compile is given)."""
+    compile_for_real = cache._xla_compile
+
+    def failing(lowered, options, kind, name):
+        if name == op:
+            raise RuntimeError("XLA failed on purpose")
+        return compile_for_real(lowered, options, kind, name)
+
+    monkeypatch.setattr(cache, "_xla_compile", failing)
+
+
+def test_a_failed_window_gives_back_what_it_wrote(monkeypatch):
+    """A window whose op fails raises at the read; every tensor it wrote then reads as
+    it was after the last op that ran (a tensor from before the window: its old value),
+    as if strict mode had raised at that op; tensors it created in the ops not run have
+    no value."""
+    _failing_compiles_of(monkeypatch, "aten::erf.default")
+    x = torch.randn(6, 7).to("tpu")
+    param = torch.ones(6, 7).to("tpu")
+    before = param.cpu()
+    param.mul_(2)  # runs (recorded, then run)
+    y = torch.tanh(x)
+    param.add_(y)  # runs
+    z = torch.erf(param)  # fails
+    param.sub_(z)  # not run
+    assert _pending(param)
+    with pytest.raises(RuntimeError, match="XLA failed on purpose"):
+        param.cpu()
+    torch.testing.assert_close(param.cpu(), before * 2 + torch.tanh(x.cpu()))
+    torch.testing.assert_close(y.cpu(), torch.tanh(x.cpu()))
+    with pytest.raises(RuntimeError, match="has no value"):
+        z.cpu()
+
+
+def test_a_window_failing_at_its_first_write_leaves_the_tensor_as_it_was(monkeypatch):
+    _failing_compiles_of(monkeypatch, "aten::addcmul_.default")
+    x = torch.randn(5, 3).to("tpu")
+    state = torch.randn(5, 3).to("tpu")
+    before = state.cpu()
+    g = torch.tanh(x)
+    state.addcmul_(g, g, value=0.1)  # fails: nothing of it ran
+    state.mul_(0.9)
+    with pytest.raises(RuntimeError, match="XLA failed on purpose"):
+        torch.tpu.synchronize()
+    assert torch.equal(state.cpu(), before)
+    monkeypatch.undo()
+    monkeypatch.setenv("TORCH_TPU_COMPILE_THREADS", "2")
+    state.addcmul_(g, g, value=0.1)  # (compiles again)
+    torch.testing.assert_close(state.cpu(), before + 0.1 * torch.tanh(x.cpu()) ** 2)
 
 
 def test_a_recorded_write_donates_the_buffer_it_overwrites_and_keeps_the_bits(monkeypatch):

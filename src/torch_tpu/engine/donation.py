@@ -91,6 +91,13 @@ def started(entry) -> bool:
     return entry in _DONATING
 
 
+def ready(entry) -> bool:
+    """Whether the entry's donating executable is compiled (not absent, not compiling on
+    a worker thread)."""
+    found = _DONATING.get(entry)
+    return found is not None and type(found.fn) is not cache.Compiling
+
+
 def executable(
     entry, arrays: tuple, dynamic: tuple, key_inputs: tuple, lowering_errors, compile_with=None
 ):

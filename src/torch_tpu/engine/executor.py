@@ -465,6 +465,15 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
         if written and donation.possible(arrays, written) and not (
             modes.check_nans and modes.current is _DEBUG
         ):
+            if (
+                modes.current is _STRICT
+                and not donation.ready(entry)  # (first: the one test of later calls)
+                and _recordable(spec, entry, storages)
+                and env.compile_threads() > 0
+                and (donation.started(entry) or _donate_soon(spec, entry, arrays, dynamic))
+            ):  # (its donating executable compiling: record this call, as below)
+                fuse.open_window(_run_node)
+                return _record(spec, entry, values, storages, numbers)
             fn = donation.executable(
                 entry, arrays, dynamic, key_inputs, lowering_errors(spec.schema.name)
             )
@@ -680,17 +689,13 @@ def _compile_program(compile_with, spec: OpSpec, entry: _Executable, example: tu
 def _recordable(spec: OpSpec, entry: _Executable, storages: list) -> bool:
     """Whether a strict op may be recorded while first calls compile on worker threads
     (`fuse.open_window`): one that draws nothing (its key kind stays strict's), checks
-    no index on the device, and writes only values still pending in the window (the
-    gradient buffers backward accumulates into): a tensor that held a value before the
-    window keeps it if the window fails."""
+    no index on the device and writes no storage that was never written (reading it
+    would materialise zeros; executed, strict mode skips them). A window that fails
+    gives back what it wrote (`fuse._restore`)."""
     lowering = spec.lowering
     if lowering.random or lowering.device_check is not None:
         return False
-    for slot in entry.donated_slots:
-        value = storages[slot].value
-        if type(value) is not fuse.Pending or value.value is not None:
-            return False
-    return True
+    return all(storages[slot].value is not None for slot in entry.donated_slots)
 
 
 def _behind_compiles(spec: OpSpec, entry: _Executable, values: list, storages: list, dynamic):
@@ -715,9 +720,7 @@ def _behind_compiles(spec: OpSpec, entry: _Executable, values: list, storages: l
             if entry.host_plan and entry.hosted < host_moves.calls_before_compile():
                 return _execute(spec, entry, values, storages, dynamic)
             if entry.donated_slots:
-                errors = lowering_errors(spec.schema.name)
-                donation.executable(entry, *args, errors, cache.compile_soon)
-                entry.traced = True
+                _donate_soon(spec, entry, *args[:2])
             else:
                 _compile_soon(spec, entry, *args[:2])
         return _record(spec, entry, values, storages, dynamic)
@@ -735,6 +738,15 @@ def _compile_soon(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tupl
         return False
     entry.compiling = functools.partial(_compiled_soon, spec, found)
     return True
+
+
+def _donate_soon(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple) -> bool:
+    """`_compile_soon` for the entry's donating executable (`donation.executable`); False
+    when the cache held it."""
+    errors = lowering_errors(spec.schema.name)
+    found = donation.executable(entry, arrays, dynamic, (), errors, cache.compile_soon)
+    entry.traced = True
+    return type(found.fn) is cache.Compiling
 
 
 def _compiled_soon(spec: OpSpec, found, entry: _Executable):
@@ -759,8 +771,10 @@ def _run_node(entry: _Executable, arrays: tuple, numbers: list):
     """One node of a strict window (`fuse._run_each`): (fresh outputs, written values)
     of the entry's executable, as `_execute` calls it. A write donates the buffer it
     overwrites when the window's argument tuple alone holds it (the storage already
-    holds the op's result)."""
-    dynamic = fastpath.device_scalars(numbers)
+    holds the op's result). Python numbers go as they are: the call that recorded the
+    node already counted them for `fastpath.device_scalars`, and counting them again
+    made a device scalar of every number seen once."""
+    dynamic = tuple(numbers)
     written = entry.donated_slots
     if written and donation.possible(arrays, written, holders=1):
         errors = lowering_errors(entry.name)

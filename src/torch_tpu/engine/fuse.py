@@ -58,7 +58,7 @@ class Pending:
 
 
 class _Segment:
-    __slots__ = ("leaves", "leaf_index", "nodes", "pendings", "flops")
+    __slots__ = ("leaves", "leaf_index", "nodes", "pendings", "flops", "replaced")
 
     def __init__(self) -> None:
         self.leaves: list = []
@@ -66,6 +66,9 @@ class _Segment:
         self.nodes: list[tuple] = []
         self.pendings: list[weakref.ref] = []
         self.flops = 0  # estimated contraction work recorded so far
+        # (a strict window's) per value a node writes, the ref of the value it replaced:
+        # what its storage reads again if the window fails before that node ran
+        self.replaced: dict[tuple, object] = {}
 
     def leaf(self, array) -> int:
         index = self.leaf_index.get(id(array))
@@ -132,6 +135,9 @@ def record(entry, storage_values: list, dynamic: tuple, key_inputs: tuple):
         pending((n, "w", k), storage_values[slot].shape)
         for k, slot in enumerate(entry.written_slots)
     ]
+    if window:  # (strict mode records through here only: never record_one)
+        for k, slot in enumerate(entry.written_slots):
+            segment.replaced[(n, "w", k)] = storage_refs[slot]
     metrics.count("ops_deferred")
     if n + 1 >= CAP:
         flush("segment size cap")
@@ -327,12 +333,35 @@ def _run_each(segment: _Segment, live: list) -> None:
                     env.pop(ref, None)
         try:
             outputs = run(entry, arrays, [leaves[i] for i in dynamic_refs])
-        except jax.errors.JaxRuntimeError as error:
-            memory_errors.raise_if_out_of_memory(error)
+        except BaseException as error:
+            _restore(segment, n, dict(zip(storage_refs, arrays)), leaves, env, live)
+            if isinstance(error, jax.errors.JaxRuntimeError):
+                memory_errors.raise_if_out_of_memory(error)
             raise
         del arrays
         _keep_outputs(n, outputs, keep)
         del outputs  # (a value held here would not be donated by the next node)
+
+
+def _restore(
+    segment: _Segment, failed: int, inputs: dict, leaves: list, env: dict, live: list
+) -> None:
+    """After node `failed` of a strict window raised: each storage written by it or a
+    later node reads again the value it had after the last node that ran (a parameter
+    its value from before the window), as when strict mode raises at that op; values
+    the window creates in those nodes stay without one. inputs: the failed node's
+    arguments by ref (the window already let go of those it read last)."""
+    for pending in live:
+        ref = pending.ref
+        if pending.value is not None or ref[1] != "w" or ref[0] < failed:
+            continue
+        while ref is not None and type(ref) is not int and ref[0] >= failed:
+            ref = segment.replaced.get(ref)  # (None: a fresh value of a node not run)
+        if ref is None:
+            continue
+        value = inputs[ref] if ref in inputs else leaves[ref] if type(ref) is int else env.get(ref)
+        if value is not None and not value.is_deleted():  # (a donated buffer is gone)
+            pending.value = value
 
 
 def _keep_outputs(n: int, outputs: tuple, keep: Callable) -> None:
