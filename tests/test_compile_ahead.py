@@ -324,3 +324,20 @@ def test_a_data_move_of_a_pending_value_is_served_on_the_host_as_without_a_windo
     assert metrics.snapshot().get("first_calls_on_host", 0) == hosted + 1
     assert "aten::flip.default" not in compiled and not _pending(flipped)
     assert torch.equal(flipped.cpu(), y.cpu().flip(0))
+
+
+def test_a_fork_runs_the_window_first():
+    """A forked child has none of the parent's compile threads: the parent runs the
+    window before it forks (the child only looks at Python state, then exits)."""
+    import os
+
+    x = torch.randn(7, 5).to("tpu")
+    y = torch.expm1(x)
+    assert fuse.window and _pending(y)
+    pid = os.fork()
+    if pid == 0:  # the child
+        os._exit(0 if not fuse.window and not _pending(y) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not fuse.window and not _pending(y)
+    torch.testing.assert_close(y.cpu(), torch.expm1(x.cpu()))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import warnings
 import weakref
 from collections.abc import Callable
@@ -228,6 +229,17 @@ def open_window(run_node: Callable) -> None:
     flush."""
     global window, _run_node
     window, _run_node = True, run_node
+
+
+def _run_window_before_fork() -> None:
+    """A forked child has none of this process's compile threads: a strict window
+    waiting for them would wait there forever. (An error of the window is reported
+    here and raised by no one: its values then read as a failed window's.)"""
+    if window:
+        flush("fork")
+
+
+os.register_at_fork(before=_run_window_before_fork)
 
 
 def flush(reason: str = "value needed") -> None:
