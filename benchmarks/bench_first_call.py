@@ -13,7 +13,7 @@ cache (a temporary TORCH_TPU_CACHE_DIR), in strict mode:
    (dispatch, layout, the key lookups). Timings are wall clock; CPU seconds of
    the process are shown beside them, since on a shared machine wall time
    mostly measures the neighbours.
-2. The cold first training step (the step, its compiles, `.item()`) of a small
+2. The cold first training step (the step, its compiles, `.item()`, a synchronize) of a small
    CNN (`training.cnn`, batch 16, AdamW) and of gpt-small (`training.gpt_step_fn`),
    and beside gpt-small the substrate's own: the same step written in JAX, run op by
    op (a compile per primitive and shape, as strict mode's per op) and jitted whole.
@@ -236,6 +236,7 @@ def child_step(workload: str) -> dict:
     torch_tpu.metrics.reset()
     w, c = time.perf_counter(), time.process_time()
     step().item()
+    torch.tpu.synchronize()  # (the optimizer's update may still be recorded, compiling)
     wall, cpu = time.perf_counter() - w, time.process_time() - c
     phases_wall, phases_cpu = clock.take()
     snap = torch_tpu.metrics.snapshot()
