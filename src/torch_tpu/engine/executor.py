@@ -462,31 +462,22 @@ def _execute(spec: OpSpec, entry: _Executable, values: list, storages: list, dyn
             served = _on_host(spec, entry, (arrays, dynamic, key_inputs))
             if served is not None:
                 return _results(spec, entry, values, storages, *served)
-        if written and donation.possible(arrays, written) and not (
-            modes.check_nans and modes.current is _DEBUG
-        ):
-            if (
-                modes.current is _STRICT
-                and not donation.ready(entry)  # (first: the one test of later calls)
-                and _recordable(spec, entry, storages)
-                and env.compile_threads() > 0
-                and (donation.started(entry) or _donate_soon(spec, entry, arrays, dynamic))
-            ):  # (its donating executable compiling: record this call, as below)
-                fuse.open_window(_run_node)
-                return _record(spec, entry, values, storages, numbers)
+        donate = bool(written) and donation.possible(arrays, written)
+        donate = donate and not (modes.check_nans and modes.current is _DEBUG)
+        if (
+            (not donation.ready(entry) if donate else entry.fn is None)  # (later calls: this)
+            and modes.current is _STRICT
+            and _recordable(spec, entry, storages)
+            and env.compile_threads() > 0
+            and _compiling_ahead(spec, entry, arrays, dynamic, donate)
+        ):  # (its executable compiling: record this call, run it at the next read)
+            fuse.open_window(_run_node)
+            return _record(spec, entry, values, storages, numbers)
+        if donate:
             fn = donation.executable(
                 entry, arrays, dynamic, key_inputs, lowering_errors(spec.schema.name)
             )
             metrics.count("buffers_donated", len(written))
-        elif (
-            entry.fn is None
-            and modes.current is _STRICT
-            and _recordable(spec, entry, storages)
-            and env.compile_threads() > 0
-            and (entry.compiling is not None or _compile_soon(spec, entry, arrays, dynamic))
-        ):  # (compiling: record this call, run it at the next read)
-            fuse.open_window(_run_node)
-            return _record(spec, entry, values, storages, numbers)
         else:
             fn = entry.fn or _compile(spec, entry, arrays, dynamic, key_inputs)
     if modes.current is _STRICT:
@@ -719,18 +710,33 @@ def _behind_compiles(spec: OpSpec, entry: _Executable, values: list, storages: l
                 _plan_on_host(spec, entry, args)
             if entry.host_plan and entry.hosted < host_moves.calls_before_compile():
                 return _execute(spec, entry, values, storages, dynamic)
-            if entry.donated_slots:
-                _donate_soon(spec, entry, *args[:2])
-            else:
-                _compile_soon(spec, entry, *args[:2])
+            _compile_soon(spec, entry, *args[:2], donating=bool(entry.donated_slots))
         return _record(spec, entry, values, storages, dynamic)
     return _execute(spec, entry, values, storages, dynamic)
 
 
-def _compile_soon(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple) -> bool:
-    """Start compiling the entry's executable on a worker thread (`cache.compile_soon`:
-    traced and lowered here, so a lowering's error names this call); False when the
-    cache held it (then `entry.fn` is set: nothing to wait for)."""
+def _compiling_ahead(
+    spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple, donating: bool
+) -> bool:
+    """Whether the executable this first call needs (donating: the one that donates its
+    written storages) compiles on a worker thread, its compile started here if not
+    yet; False when the cache held it."""
+    if donating:  # (the caller saw it not ready: started means compiling)
+        return donation.started(entry) or _compile_soon(spec, entry, arrays, dynamic, True)
+    return entry.compiling is not None or _compile_soon(spec, entry, arrays, dynamic, False)
+
+
+def _compile_soon(
+    spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple, donating: bool
+) -> bool:
+    """Start compiling the entry's executable (donating: `donation.executable`'s) on a
+    worker thread (`cache.compile_soon`: traced and lowered here, so a lowering's error
+    names this call); False when the cache held it (nothing to wait for)."""
+    if donating:
+        errors = lowering_errors(spec.schema.name)
+        found = donation.executable(entry, arrays, dynamic, (), errors, cache.compile_soon)
+        entry.traced = True
+        return type(found.fn) is cache.Compiling
     found = _compile_program(cache.compile_soon, spec, entry, (arrays, dynamic, ()))
     entry.traced = True
     if not isinstance(found, cache.Compiling):
@@ -738,15 +744,6 @@ def _compile_soon(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tupl
         return False
     entry.compiling = functools.partial(_compiled_soon, spec, found)
     return True
-
-
-def _donate_soon(spec: OpSpec, entry: _Executable, arrays: tuple, dynamic: tuple) -> bool:
-    """`_compile_soon` for the entry's donating executable (`donation.executable`); False
-    when the cache held it."""
-    errors = lowering_errors(spec.schema.name)
-    found = donation.executable(entry, arrays, dynamic, (), errors, cache.compile_soon)
-    entry.traced = True
-    return type(found.fn) is cache.Compiling
 
 
 def _compiled_soon(spec: OpSpec, found, entry: _Executable):
