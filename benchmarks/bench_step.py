@@ -11,7 +11,8 @@ the torch.compile row on tpu for all its work: its loss is the forward graph's):
 - tpu torch.compile(step): the same step function under torch.compile (Dynamo
   breaks it at backward; with --compiled-autograd, compiled autograd is on);
 - JAX jit: the same model, loss and AdamW written in JAX, one jax.jit with the
-  parameters and optimizer state donated (the substrate's limit);
+  parameters and optimizer state donated (the substrate's limit), its matrix products
+  at the precision torch_tpu computes them (bench_compile.matched_matmul_precision);
 - CPU Inductor: torch.compile of the same step function on CPU;
 - CPU eager: PyTorch on the CPU.
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import io
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -295,6 +296,17 @@ def _replace_moment(cpu, tpu, cpu_opt, tpu_opt) -> None:
         opt.state[model[2].weight]["momentum_buffer"] = torch.ones_like(model[2].weight)
 
 
+def _delete_moment(cpu, tpu, cpu_opt, tpu_opt) -> None:
+    for model, opt in ((cpu, cpu_opt), (tpu, tpu_opt)):
+        del opt.state[model[2].weight]["momentum_buffer"]  # (SGD starts it again)
+
+
+def _rename_moment(cpu, tpu, cpu_opt, tpu_opt) -> None:
+    for model, opt in ((cpu, cpu_opt), (tpu, tpu_opt)):
+        state = opt.state[model[2].weight]  # (the same tensors under other names)
+        state["kept"] = state.pop("momentum_buffer")
+
+
 def _load_state(cpu, tpu, cpu_opt, tpu_opt) -> None:
     for opt in (cpu_opt, tpu_opt):
         opt.load_state_dict(copy.deepcopy(cpu_opt.state_dict()))
@@ -312,6 +324,8 @@ def _load_state(cpu, tpu, cpu_opt, tpu_opt) -> None:
             _on_weight(lambda w: w.as_strided_(w.shape, w.stride(), 0)),
         ),
         (None, _replace_moment),
+        (None, _delete_moment),
+        (None, _rename_moment),
         (None, _load_state),
     ],
     ids=[
@@ -320,6 +334,8 @@ def _load_state(cpu, tpu, cpu_opt, tpu_opt) -> None:
         "strides-in-place",
         "offset-in-place",
         "moment-replaced",
+        "moment-deleted",
+        "moment-renamed",
         "state-loaded",
     ],
 )
@@ -348,6 +364,48 @@ def test_tensors_changed_between_steps_are_read_as_on_cpu(setup, change):
         torch.testing.assert_close(
             tpu_opt.state[t]["momentum_buffer"].cpu(), cpu_opt.state[c]["momentum_buffer"]
         )
+
+
+def test_an_empty_buffer_keeps_changes_between_steps_read_as_on_cpu():
+    """An empty tensor has no address, so the step checks its parameters one by one
+    (storage, offset) instead of by address: the empty buffer given a new storage, then a
+    weight given new data, are seen."""
+    cpu = _mlp()
+    cpu.register_buffer("nothing", torch.zeros(0))
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu_opt, tpu_opt = _optimizer("sgd", cpu.parameters()), _optimizer("sgd", tpu.parameters())
+    step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
+    x, y = _batch()
+    change = _on_weight(lambda w: setattr(w, "data", w * 0.5))
+    for k in range(5):
+        if k == 2:
+            tpu.nothing.data = torch.zeros(0, device="tpu")
+        if k == 3:
+            change(cpu, tpu, cpu_opt, tpu_opt)
+        cpu_opt.zero_grad()
+        loss = nn.functional.cross_entropy(cpu(x), y)
+        loss.backward()
+        cpu_opt.step()
+        assert step(x.to("tpu"), y.to("tpu")).item() == pytest.approx(loss.item(), rel=1e-5)
+    _assert_models_equal(cpu, tpu)
+
+
+def test_a_parameter_donated_to_a_jax_op_between_steps_raises_naming_the_op():
+    """Donating a parameter's storage to a jax_op gives the storage another payload at
+    the same address: the step must see that, not run on the donated array."""
+    @torch_tpu.jax_op("compile_step_test::donating", donate_argnums=(0,))
+    def donating(buf: jax.Array) -> jax.Array:
+        return buf * 2
+
+    model = _mlp().to("tpu")
+    opt = _optimizer("sgd", model.parameters())
+    step = torch_tpu.compile_step(model, opt, nn.functional.cross_entropy)
+    x, y = (t.to("tpu") for t in _batch())
+    for _ in range(2):
+        step(x, y).item()
+    donating(model[0].bias.detach())
+    with pytest.raises(RuntimeError, match="donated to compile_step_test::donating"):
+        step(x, y).item()
 
 
 def test_gradients_of_parameters_outside_the_optimizer_accumulate_as_on_cpu():

@@ -391,6 +391,9 @@ def host_read(flat: np.ndarray, view: View) -> np.ndarray:
     """A view for which `spans_storage` holds, read from its storage's host copy (any
     shape): a new C-contiguous array of view.shape (it never aliases the device buffer)."""
     flat = flat.reshape(-1)
+    if len(flat) <= 1 or view.strides == contiguous_strides(view.shape):
+        # (the common case, a copy; striding raw bytes cost a scalar's .item() 50 us)
+        return np.array(flat.reshape(view.shape), copy=True)
     itemsize = flat.dtype.itemsize
     strides = tuple(s * itemsize for s in view.strides)
     # stride raw bytes: numpy's as_strided cannot rebuild ml_dtypes' types (float8_*,

@@ -88,6 +88,20 @@ def _new_storage(nbytes: int, payload: Storage) -> torch.UntypedStorage:
     return storage
 
 
+# How many times a storage has been given a new payload (`replace_payload`). Addresses
+# are never reused, so an address names one storage for good, and its payload too while
+# this count stands: compiled graphs check a step's parameters by address.
+payloads_replaced = 0
+
+
+def replace_payload(storage: torch.UntypedStorage, new: Storage) -> None:
+    """Give an existing tpu storage another payload (a storage donated to a jax_op)."""
+    global payloads_replaced
+    payloads_replaced += 1
+    storage._tpu = new
+    _BY_ADDRESS[storage.data_ptr()] = new
+
+
 def clone_storage(storage: torch.UntypedStorage) -> torch.UntypedStorage:
     """A new tpu storage with the same bytes (UntypedStorage.clone, hence deepcopy).
 
@@ -293,12 +307,14 @@ def set_geometry(t: torch.Tensor, storage, offset: int, shape, strides) -> None:
     _set_storage(_CPU_KEYS, t, storage, offset, tuple(shape), tuple(strides))
 
 
-def over(storage: torch.UntypedStorage, offset: int, shape: tuple, dtype: torch.dtype):
-    """A new contiguous tensor of the given shape over part of an existing tpu storage,
-    from element `offset` on (compile_step's gradients, parts of one buffer)."""
-    t = _create_empty(shape, dtype)
-    _set_storage(_CPU_KEYS, t, storage, offset, shape, contiguous_strides(shape))
-    return t
+def parts(storage: torch.UntypedStorage, geometries: list) -> list[torch.Tensor]:
+    """New tensors over parts of an existing tpu storage, one per (offset, shape, dtype,
+    strides): compile_step's gradients, parts of one buffer, made every step (metadata
+    only, no Python frame per tensor)."""
+    return [
+        _set_storage(_CPU_KEYS, _create_empty(shape, dtype), storage, offset, shape, strides)
+        for offset, shape, dtype, strides in geometries
+    ]
 
 
 def replace_storage(t: torch.Tensor, shape, strides=None) -> None:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .. import cache, memory_errors, metrics, precision, rng, strided
+from .. import cache, memory_errors, metrics, precision, rng, strided, tensor
 from ..engine import device_asserts, donation, executor, fastpath, modes
 from ..engine.fuse import Pending
 from ..tensor import Fresh, storage_of, view_of
@@ -143,10 +143,9 @@ class CompiledGraph:
             static = self._prefix.n if self.stable_inputs and self._prefix is not None else 0
             entry = self.executables[key] = self._compile(self._layouts(tensors, static), arrays)
         executable, written_slots, donated_slots = entry
-        for slot in donated_slots:
-            if not donation.held_only_by(arrays, slot, 2):  # its storage, this list
-                arrays[slot] = jnp.array(arrays[slot], copy=True)
-                metrics.count("compiled_graph_donation_copies")
+        for slot in donation.not_held_only_by(arrays, donated_slots, 2):  # (its storage,
+            arrays[slot] = jnp.array(arrays[slot], copy=True)  # this list)
+            metrics.count("compiled_graph_donation_copies")
         metrics.count("compiled_graph_calls")
         try:
             written, flats = executable(*arrays)
@@ -202,14 +201,15 @@ class CompiledGraph:
         start = 0
         if self.stable_inputs:
             prefix = self._prefix
-            payloads = None if prefix is None else prefix.matches(tensors)
-            if payloads is None:
+            seen = None if prefix is None else prefix.matches(tensors)
+            if seen is None:
                 prefix = self._prefix = self._describe_prefix(tensors)
             if prefix is not None:
                 key.append(prefix.token)
-                if payloads is None:
+                if seen is None:
                     payloads = [t.untyped_storage()._tpu for t in tensors[: prefix.n]]
-                storages += [payloads[k] for k in prefix.firsts]
+                    seen = [payloads[k] for k in prefix.firsts]
+                storages += seen
                 slots.update(prefix.slots)
                 start = prefix.n
         host: dict = {}
@@ -302,9 +302,17 @@ class _StablePrefix:
     those), describe the same way, so the next call checks that instead of describing
     each tensor again (on a training step's hundreds of parameters and moments that cost
     more host time than the executable's own call). Storages are held weakly: a model
-    moved off the device frees them."""
+    moved off the device frees them.
 
-    __slots__ = ("n", "refs", "storage_offsets", "guards", "token", "firsts", "slots")
+    Storage and offset are checked together by the tensors' addresses (`data_ptr`, one
+    C-level pass): a tpu storage's address is never reused, and names its payload while
+    no payload has been replaced (`tensor.payloads_replaced`). An empty tensor has no
+    address; a prefix holding one checks storages and offsets one by one."""
+
+    __slots__ = (
+        "n", "refs", "storage_offsets", "addresses", "epoch", "guards", "token", "firsts",
+        "first_refs", "slots",
+    )
 
     def __init__(self, prefix: list, payloads: list, token: int, slots: dict):
         from torch._C._dynamo.guards import TensorGuards
@@ -312,6 +320,9 @@ class _StablePrefix:
         self.n = len(prefix)
         self.refs = [weakref.ref(p) for p in payloads]
         self.storage_offsets = [t.storage_offset() for t in prefix]
+        addresses = list(map(_DATA_PTR, prefix))
+        self.addresses = addresses if all(addresses) else None
+        self.epoch = tensor.payloads_replaced
         self.guards = TensorGuards(
             *prefix,
             dynamic_dims_sizes=[list(t.shape) for t in prefix],
@@ -322,11 +333,21 @@ class _StablePrefix:
         for k, p in enumerate(payloads):
             firsts.setdefault(id(p), k)
         self.firsts = list(firsts.values())
+        self.first_refs = [self.refs[k] for k in self.firsts]
         self.slots = slots  # id(storage) -> slot: the ids of live objects checked alike
 
     def matches(self, tensors: list) -> list | None:
-        """The prefix's storages (one per input) if it matches, else None."""
+        """The prefix's distinct storages, in slot order, if it matches, else None."""
         prefix = tensors[: self.n]
+        if self.addresses is not None and self.epoch == tensor.payloads_replaced:
+            try:
+                if list(map(_DATA_PTR, prefix)) != self.addresses:
+                    return None
+            except TypeError:  # (not a tensor)
+                return None
+            if not self.guards.check(*prefix):
+                return None
+            return [ref() for ref in self.first_refs]  # (alive: the tensors hold them)
         try:
             payloads = [t.untyped_storage()._tpu for t in prefix]
         except AttributeError:
@@ -336,8 +357,11 @@ class _StablePrefix:
             and [t.storage_offset() for t in prefix] == self.storage_offsets
             and self.guards.check(*prefix)
         ):
-            return payloads
+            return [payloads[k] for k in self.firsts]
         return None
+
+
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def _view_of_input(node: torch.fx.Node, placeholders: list) -> tuple | None:

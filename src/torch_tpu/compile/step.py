@@ -29,13 +29,16 @@ traces again with the state as inputs (two traces, then none).
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from itertools import chain
 
 import torch
 from torch import nn
 
 from .. import tensor
+from ..strided import contiguous_strides
 
 DEVICE_TYPE = "tpu"
 
@@ -86,6 +89,7 @@ class CompiledStep:
         self._programs: dict = {}
         self._lr_tensors: dict = {}
         self._members: _Members | None = None
+        self._state = _StateSeen()
 
     def __call__(self, inputs, *targets) -> torch.Tensor:
         model_inputs = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
@@ -94,7 +98,7 @@ class CompiledStep:
         if members is None or not members.current():
             members = self._members = _Members(self.model, members.version + 1 if members else 0)
         named, buffers, params = members.named, members.buffers, members.params
-        state_keys, state_values = _state(self.optimizer, params)
+        state_keys, state_values = self._state.read(self.optimizer, params)
         lrs = [self._lr(group) for group in self.optimizer.param_groups]
         key = (
             self.model.training,
@@ -209,27 +213,41 @@ class _Program:
         self, graph, places: list, flats: int, zeroed: list[bool], created: list[tuple[int, str]]
     ) -> None:
         self.graph = graph
-        self.places = places  # per parameter: where its gradient is (`_pack_gradients`)
-        self.flats = flats  # outputs 1..flats: the gradient buffers, one per dtype
         self.zeroed = zeroed  # per parameter: the optimizer's, so zero_grad() clears it
         self.created = created
         self.first_created = 1 + flats + sum(1 for p in places if p is not None and p[0] > 0)
+        # where each parameter's gradient is (`_pack_gradients`), sorted by kind
+        self.packed = [([], []) for _ in range(flats)]  # per buffer: parameters, geometries
+        self.alone = []  # (parameter, output)
+        self.cleared = []  # parameters without a gradient that zero_grad() would clear
+        for k, place in enumerate(places):
+            if place is None:
+                if zeroed[k]:
+                    self.cleared.append(k)
+                continue
+            output, offset, shape, dtype, strides = place
+            if output < 0:
+                indices, geometries = self.packed[-output - 1]
+                indices.append(k)
+                geometries.append((offset, shape, dtype, strides))
+            else:
+                self.alone.append((k, output))
 
     def run(self, params: list, optimizer, args: list) -> torch.Tensor:
         outputs = self.graph(args)
-        buffers = [outputs[1 + j].untyped_storage() for j in range(self.flats)]
-        for p, place, zeroed in zip(params, self.places, self.zeroed):
-            if place is None:
-                if zeroed:
-                    p.grad = None  # as after zero_grad(): backward left it unset
-                continue
-            output, offset, shape, dtype = place
-            if output < 0:  # (a part of its dtype's gradient buffer)
-                grad = tensor.over(buffers[-output - 1], offset, shape, dtype)
-            else:
-                grad = outputs[output]
+        zeroed = self.zeroed
+        given = [
+            (k, grad)
+            for j, (indices, geometries) in enumerate(self.packed)
+            for k, grad in zip(indices, tensor.parts(outputs[1 + j].untyped_storage(), geometries))
+        ]
+        given += [(k, outputs[output]) for k, output in self.alone]
+        for k, grad in given:
+            p = params[k]
             # backward accumulates into a gradient that zero_grad() did not clear
-            p.grad = grad if zeroed or p.grad is None else p.grad + grad
+            p.grad = grad if zeroed[k] or p.grad is None else p.grad + grad
+        for k in self.cleared:
+            params[k].grad = None  # as after zero_grad(): backward left it unset
         k = self.first_created
         for index, name in self.created:
             optimizer.state[params[index]][name] = outputs[k]
@@ -246,7 +264,7 @@ def _pack_gradients(params: list, grads: list, returned: list[bool]) -> tuple:
     its own. Big ones go alone: XLA computes a gradient and then copies it into the
     buffer, so packing them held a second copy of the gradients at the step's peak (the
     101M-parameter MLP's step peaked 400 MB higher). A place is (output, offset, shape,
-    dtype): output -1 - j is buffer j, a positive output a gradient returned alone (a big
+    dtype, strides): output -1 - j is buffer j, a positive output a gradient returned alone (a big
     one, or a parameter that is not contiguous, whose gradient keeps its own strides),
     None no gradient."""
     groups: dict = {}  # dtype -> [(parameter index, gradient)]
@@ -263,11 +281,11 @@ def _pack_gradients(params: list, grads: list, returned: list[bool]) -> tuple:
     for j, (dtype, members) in enumerate(groups.items()):
         offset = 0
         for k, g in members:
-            places[k] = (-1 - j, offset, tuple(g.shape), dtype)
+            places[k] = (-1 - j, offset, tuple(g.shape), dtype, contiguous_strides(g.shape))
             offset += g.numel()
         flats.append(torch.cat([g.reshape(-1) for _, g in members]))
     for n, (k, _) in enumerate(alone):
-        places[k] = (1 + len(flats) + n, 0, None, None)
+        places[k] = (1 + len(flats) + n, 0, None, None, None)
     return flats, [g for _, g in alone], places
 
 
@@ -316,6 +334,43 @@ def _split(flat, sizes) -> tuple:
         parts.append(list(flat[start : start + size]))
         start += size
     return (*parts, list(flat[start:]))
+
+
+class _StateSeen:
+    """The optimizer's state as the last step read it. Its tensors are the same objects
+    from step to step (the executable writes them in place), so checking that every
+    parameter's state dict, every name and every value is the one seen before (C-level
+    passes over the lists) replaces walking them in Python, which cost about a tenth of
+    gpt_small's step on the host. Anything replaced, added or removed reads again."""
+
+    __slots__ = ("dicts", "names", "values", "found")
+
+    def __init__(self) -> None:
+        self.dicts: list = []
+        self.names: list = []
+        self.values: list = []
+        self.found: tuple[list, list] = ([], [])
+
+    def read(self, optimizer, params: list) -> tuple[list, list]:
+        """(keys, tensors) as `_state` gives them."""
+        dicts = list(map(optimizer.state.get, params))
+        live = list(filter(None, dicts))
+        names = list(chain.from_iterable(live))
+        values = list(chain.from_iterable(map(dict.values, live)))
+        if (
+            len(dicts) == len(self.dicts)
+            and all(map(operator.is_, dicts, self.dicts))
+            and names == self.names  # (strings: values are compared by identity below)
+            and len(values) == len(self.values)
+            and all(map(operator.is_, values, self.values))
+        ):
+            return self.found
+        found = _state(optimizer, params)
+        # (as read after _state, which may have replaced a CPU tensor with a tpu one)
+        self.dicts, self.names = dicts, names
+        self.values = list(chain.from_iterable(map(dict.values, filter(None, dicts))))
+        self.found = found
+        return found
 
 
 def _state(optimizer, params: list) -> tuple[list, list]:

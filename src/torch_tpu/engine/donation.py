@@ -50,6 +50,15 @@ def held_only_by(container, index: int, holders: int) -> bool:
     return sys.getrefcount(container[index]) <= holders + 1  # + getrefcount's argument
 
 
+def not_held_only_by(container: list, indices: tuple, holders: int) -> list:
+    """The indices whose elements `held_only_by` would refuse, counted in one C-level
+    pass (a compiled training step checks a hundred): `map` hands getrefcount each
+    element as the one reference its iteration holds, as container[index] does."""
+    counts = list(map(sys.getrefcount, container))
+    limit = holders + 1
+    return [k for k in indices if counts[k] > limit]
+
+
 def possible(arrays: tuple, written_slots: tuple, holders: int = 2) -> bool:
     """True when each written storage's array is held by its storage alone and the
     call's argument tuple (holders=1: by the tuple alone, the storage already holding

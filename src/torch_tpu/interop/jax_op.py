@@ -430,8 +430,7 @@ def donated(t: torch.Tensor, op: str) -> None:
     old = payload.storage_of(t)
     dead = DonatedStorage(None, old.numel, old.dtype)
     dead.op = op
-    storage._tpu = dead
-    payload._BY_ADDRESS[storage.data_ptr()] = dead
+    payload.replace_payload(storage, dead)
 
 
 # ------------------------------------------------------------------ autograd
