@@ -11,6 +11,7 @@ from conftest import (
     assert_same,
     assert_same_error,
     assert_same_grad,
+    assert_same_outcome,
     lowered_packets,
     no_fallback,
     packet,
@@ -432,6 +433,45 @@ def test_shifts_including_out_of_range_counts(dtype, no_pointwise_fallback):
     assert_same(torch.bitwise_right_shift, a, counts)
     assert_same(lambda t: t >> 1, a)
     assert_same(lambda t, s: t.clone().__ilshift__(s), a, counts)
+
+
+_SHIFT_INPUTS = {
+    "bool": lambda d: torch.tensor([True, False, True], device=d),
+    "int64": lambda d: torch.tensor([3, -4, 7], device=d),
+    "uint8": lambda d: torch.tensor([3, 4, 255], dtype=torch.uint8, device=d),
+    "float": lambda d: torch.tensor([1.0, 2.0, 3.0], device=d),
+}
+_SHIFT_COUNTS = {
+    "1": lambda d: 1,
+    "70": lambda d: 70,
+    "1.5": lambda d: 1.5,
+    "True": lambda d: True,
+    "0-d int": lambda d: torch.tensor(2, device=d),
+    "bool tensor": lambda d: torch.tensor([True, False, True], device=d),
+    "int8 tensor": lambda d: torch.tensor([1, 2, 9], dtype=torch.int8, device=d),
+    "0-d float": lambda d: torch.tensor(1.0, device=d),
+}
+_SHIFT_FORMS = {
+    "<<": lambda a, s: a << s,
+    ">>": lambda a, s: a >> s,
+    "<<=": lambda a, s: a.__ilshift__(s),
+    ">>=": lambda a, s: a.__irshift__(s),
+    "bitwise_left_shift_": lambda a, s: a.bitwise_left_shift_(s),
+}
+
+
+@pytest.mark.parametrize("form", _SHIFT_FORMS)
+@pytest.mark.parametrize("counts", _SHIFT_COUNTS)
+@pytest.mark.parametrize("inputs", _SHIFT_INPUTS)
+def test_shift_operators_promote_and_refuse_as_cpu(inputs, counts, form):
+    """Python's shift operators are CPU's bitwise shift kernels: a bool tensor promotes
+    (`mask << 1` is int64), floats are refused as CPU refuses them, an in-place form
+    refuses a result it cannot hold first. PyTorch's meta kernel for the operators
+    refused bool inputs, so tpu raised where CPU computes."""
+    fn = _SHIFT_FORMS[form]
+    assert_same_outcome(
+        lambda d: fn(_SHIFT_INPUTS[inputs](d), _SHIFT_COUNTS[counts](d))
+    )
 
 
 def test_clamp_overloads_and_nan(no_pointwise_fallback):

@@ -438,6 +438,31 @@ def _record_stream(self, stream):
     return None
 
 
+# Python's shift operators and the bitwise shift ops: one kernel on CPU (results and
+# errors alike, in-place forms included), but PyTorch's meta kernel for the operators
+# refuses a bool input that CPU promotes (`mask << 1` is an int64 tensor there). The
+# operators run the ops.
+_SHIFT_OPERATORS = {
+    "__lshift__.Tensor": "bitwise_left_shift.Tensor",
+    "__lshift__.Scalar": "bitwise_left_shift.Tensor_Scalar",
+    "__ilshift__.Tensor": "bitwise_left_shift_.Tensor",
+    "__ilshift__.Scalar": "bitwise_left_shift_.Tensor_Scalar",
+    "__rshift__.Tensor": "bitwise_right_shift.Tensor",
+    "__rshift__.Scalar": "bitwise_right_shift.Tensor_Scalar",
+    "__irshift__.Tensor": "bitwise_right_shift_.Tensor",
+    "__irshift__.Scalar": "bitwise_right_shift_.Tensor_Scalar",
+}
+
+
+def _running(op: torch._ops.OpOverload):
+    """A kernel that runs another op with its arguments."""
+
+    def kernel(*args, **kwargs):
+        return op(*args, **kwargs)
+
+    return kernel
+
+
 def _register_specials() -> None:
     global _COPY
     from ..ops.pointwise import convert
@@ -460,6 +485,8 @@ def _register_specials() -> None:
     _impl("record_stream", _record_stream, "special")
     _impl("_nested_tensor_from_mask_left_aligned", _nested_tensor_from_mask_left_aligned, "special")
     _impl("_nested_tensor_from_mask", _nested_tensor_from_mask, "special")
+    for name, target in _SHIFT_OPERATORS.items():
+        _impl(name, _running(overload(target)), "special")
     for name in _METADATA_OPS:
         op = overload(name)
 

@@ -814,12 +814,18 @@ def _gcd_parts(self, other):
     return a, b, divisor
 
 
-def _check_integral(kernel):
+def _check_integral(kernel, in_place: bool = False):
     def check(values: list) -> bool:
         """CPU's kernels take integers only; the meta kernels (and tpu's refusals, which
-        try only bool, integer and complex keys) accepted floats, and the Euclid loop
-        never ends for a NaN or an infinity."""
+        try only bool, integer and complex keys) accepted floats, and gcd's Euclid loop
+        never ends for a NaN or an infinity (XLA's shifts refuse floats). An in-place
+        form refuses a result it cannot hold first, as CPU's does."""
         dtype = torch.result_type(values[0], values[1])
+        if in_place and not torch.can_cast(dtype, values[0].dtype):
+            raise RuntimeError(
+                f"result type {scalar_type_name(dtype)} can't be cast to the desired "
+                f"output type {scalar_type_name(values[0].dtype)}"
+            )
         if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
             raise NotImplementedError(
                 f'"{kernel}" not implemented for \'{scalar_type_name(dtype)}\''
@@ -1063,20 +1069,17 @@ lower("bitwise_not.default", check=_same_dtype_out)(_unary(jnp.invert, Promo.NO_
 # XLA shifts give 0 (left) or the sign fill (right) for counts outside the
 # type's width, negative counts included: PyTorch's semantics.
 _SHIFT_OVERLOADS = ("Tensor", "Tensor_Scalar", "Scalar_Tensor")
-lower(
-    *(f"bitwise_left_shift.{o}" for o in _SHIFT_OVERLOADS),
-    "__lshift__.Tensor",
-    "__lshift__.Scalar",
-    "__ilshift__.Tensor",
-    "__ilshift__.Scalar",
-)(_binary(jnp.left_shift))
-lower(
-    *(f"bitwise_right_shift.{o}" for o in _SHIFT_OVERLOADS),
-    "__rshift__.Tensor",
-    "__rshift__.Scalar",
-    "__irshift__.Tensor",
-    "__irshift__.Scalar",
-)(_binary(jnp.right_shift))
+# (Python's `<<` and `>>` run these: engine/kernels.py's _SHIFT_OPERATORS)
+for _direction, _fn in (("left", jnp.left_shift), ("right", jnp.right_shift)):
+    _kernel = f"{_direction[0]}shift_cpu"
+    lower(
+        *(f"bitwise_{_direction}_shift.{o}" for o in _SHIFT_OVERLOADS),
+        check=_check_integral(_kernel),
+    )(_binary(_fn))
+    lower(
+        *(f"bitwise_{_direction}_shift_.{o}" for o in ("Tensor", "Tensor_Scalar")),
+        check=_check_integral(_kernel, in_place=True),
+    )(_binary(_fn))
 
 
 # ------------------------------------------------------------------ complex
