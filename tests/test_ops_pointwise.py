@@ -615,6 +615,21 @@ def test_zeta_below_minus_eight_and_cpus_edge_values(dtype, no_pointwise_fallbac
                                atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_zeta_at_exponents_whose_terms_underflow_as_cpu(dtype, no_pointwise_fallback):
+    """A finite s so large that the terms past q + 10 underflow: jax's zeta gave NaN for
+    all of them. CPU gives 0 where every term underflows (zeta(1000, 12)), the sum of the
+    terms near q where they do not (zeta(1e30, -2.5) = inf: (-0.5)^-1e30 overflows), and
+    NaN where its Euler-Maclaurin product overflows too (zeta(1e30, 2.5))."""
+    s = [400.0, 1000.0, 1001.0, 1e5, 1e30, 1e30, 1e30, 1e30, 1e30, 1e5, 1000.0, 60.0]
+    q = [12.0, 2.5, 9.5, 2.5, 2.5, -2.5, -0.5, -7.25, 0.5, 1.0, -20.5, 30.0]
+    x, y = torch.tensor(s, dtype=dtype), torch.tensor(q, dtype=dtype)
+    expected = torch.special.zeta(x, y)
+    got = torch.special.zeta(x.to("tpu"), y.to("tpu")).cpu()
+    torch.testing.assert_close(got, expected, rtol=1e-12 if dtype == torch.float64 else 3e-7,
+                               atol=0, equal_nan=True)
+
+
 def test_digamma_gradient_at_negative_arguments(no_pointwise_fallback):
     assert_same_grad(torch.digamma, torch.tensor([-8.4784, -4.3228, -0.5735, 1.1351, 5.1]))
 

@@ -594,27 +594,38 @@ def _hurwitz_zeta(s, q):
 
     start = (jnp.zeros((), q.dtype), jnp.zeros(shape, q.dtype))
     _, head = lax.while_loop(pending, add_term, start)
-    value = head + jss.zeta(s, jnp.where(shifting, q + jnp.ceil(_ZETA_DIRECT - q), q))
+    exponent = jnp.asarray(s, q.dtype)
+    rest = jnp.where(shifting, q + jnp.ceil(_ZETA_DIRECT - q), q)  # (>= _ZETA_DIRECT)
+    # A finite s so large that the rest's first term underflows (q = 2.5, s = 1000):
+    # jax's zeta gives NaN there. CPU's loop returns the head at its first zero term
+    # once the sum is not 0; a sum still 0 goes on to its Euler-Maclaurin terms, 0 * a
+    # product of 23 factors s + k, which is NaN where that product overflows (s = 1e30).
+    vanishing = (rest**-exponent == 0) & (exponent != jnp.inf) & (rest != jnp.inf)
+    value = jnp.where(
+        vanishing,
+        jnp.where(head != 0, head, jnp.where(_em_product_overflows(exponent), jnp.nan, 0)),
+        head + jss.zeta(s, rest),
+    )
     m = jnp.where(far, jnp.ceil(-q), 1)
     r = jnp.where(far, q + m, 0.5)
     sign = jnp.where(jnp.asarray(s) % 2 == 0, 1, -1).astype(q.dtype)
     folded = jss.zeta(s, r) + sign * (jss.zeta(s, 1 - r) - jss.zeta(s, m + 1 - r))
     value = jnp.where(far, folded, value)
-    exponent = jnp.asarray(s, q.dtype)
     # s = inf, as CPU's loop: a term (q + k)^-inf in (-1, 1) is inf; from q = 1 the sum
     # is 1 at its first step; above 1 the tail's inf * 0 makes it NaN (mathematically 0)
     infinite = jnp.where(q < 1, jnp.inf, jnp.where(q == 1, 1.0, jnp.nan))
     value = jnp.where(exponent == jnp.inf, infinite.astype(q.dtype), value)
-    # a finite s so large that (q + 1)^-s underflows (1e30): CPU's loop stops at its
-    # first term, q^-s (1 at q == 1, inf below), NaN where that is 0 too (0 / 0);
-    # jax's zeta gave NaN for all of them
-    first = q ** -exponent
-    underflow = (q > 0) & ((q + 1) ** -exponent == 0) & (exponent != jnp.inf)
-    value = jnp.where(underflow, jnp.where(first == 0, jnp.nan, first), value)
     value = jnp.where((q <= 0) & (exponent != jnp.floor(exponent)), jnp.nan, value)
     value = jnp.where(pole, jnp.inf, value)
     value = jnp.where(exponent < 1, jnp.nan, value)
     return jnp.where(exponent == 1, jnp.inf, value)
+
+
+def _em_product_overflows(s):
+    """Whether s (s + 1) ... (s + 22), the product CPU's zeta builds for its Euler-Maclaurin
+    terms, overflows CPU's accumulation type (double; float for half types)."""
+    limit = 709.782712893384 if s.dtype.itemsize >= 4 else 88.72283905206835  # log(max)
+    return sum(jnp.log(s + k) for k in range(23)) > limit
 
 
 def _higher_polygamma(n, x):
