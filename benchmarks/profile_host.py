@@ -1,5 +1,6 @@
 """Where the host's time goes: cProfile of strict `a + b` (64x64) and of compile_step's
-gpt_small step, the functions that cost most by their own time, per call.
+gpt_small step, the functions that cost most by their own time, per call; and that
+step in parts (its executable, our Python, the loss's read).
 
 For a machine where a figure is far from its floor for reasons this repo's machine does
 not show (a TPU VM's host: docs/on_tpu.md), so one run there says which part of the
@@ -106,6 +107,56 @@ def _host_per_step(label: str, step, steps: int = 100) -> None:
     print(f"== {label}: {per_step}, {cpu / steps * 1e3:.2f} ms of it the host thread's CPU")
 
 
+def _step_parts(step, inputs, targets) -> None:
+    """compile_step's step in parts, ms (best of rounds): all of it, waited for by its
+    loss's `.item()`; its executable's call and wait alone; our Python alone (the
+    executable replaced by one returning its last results, written buffers passed
+    through: nothing computes, nothing is donated); `.item()` of a loss already
+    computed. On a host where the executable's part equals JAX's step, the rest is ours."""
+    from torch_tpu.engine import device_asserts
+    from torch_tpu.tensor import storage_of
+
+    graph = list(step._programs.values())[-1].graph
+    key = next(iter(graph.executables))
+    executable, written_slots, donated_slots = graph.executables[key]
+    last = {}
+
+    def waited(*arrays):
+        start = time.perf_counter()
+        result = executable(*arrays)
+        jax.block_until_ready(result)
+        last["call"] = min(last.get("call", 1.0), time.perf_counter() - start)
+        last["result"] = result
+        return result
+
+    def replayed(*arrays):  # (the written buffers: this call's own, as the real one's)
+        return tuple([arrays[slot] for slot in written_slots]), last["result"][1]
+
+    def item_alone():
+        loss = step(inputs, targets)
+        jax.block_until_ready((storage_of(loss).value, device_asserts.flag_storage().value))
+        start = time.perf_counter()
+        loss.item()
+        return time.perf_counter() - start
+
+    whole = best_per_call(lambda: step(inputs, targets).item(), 7, 20)
+    item = min(item_alone() for _ in range(50))
+    graph.executables[key] = (waited, written_slots, donated_slots)
+    for _ in range(50):
+        step(inputs, targets).item()
+    graph.executables[key] = (replayed, written_slots, donated_slots)
+    python = best_per_call(lambda: step(inputs, targets), 7, 100)
+    graph.executables[key] = (executable, written_slots, donated_slots)
+    print("== compile_step, gpt_small, in parts, ms")
+    for name, seconds in [
+        ("the whole step, waited for by .item()", whole),
+        ("its executable's call and wait", last["call"]),
+        ("our Python around the call (nothing computed)", python),
+        (".item() of a computed loss (device-check flag included)", item),
+    ]:
+        print(f"  {name:58s} {seconds * 1e3:8.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--top", type=int, default=20)
@@ -124,6 +175,7 @@ def main() -> None:
     from bench_step import jax_step
 
     _host_per_step("the same step in JAX, jitted whole, state donated", jax_step("gpt_small", []))
+    _step_parts(step, inputs, targets)
     _profile("compile_step, gpt_small", lambda: step(inputs, targets), 200, args.top)
 
 
