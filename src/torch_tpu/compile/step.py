@@ -354,9 +354,7 @@ class _StateSeen:
     def read(self, optimizer, params: list) -> tuple[list, list]:
         """(keys, tensors) as `_state` gives them."""
         dicts = list(map(optimizer.state.get, params))
-        live = list(filter(None, dicts))
-        names = list(chain.from_iterable(live))
-        values = list(chain.from_iterable(map(dict.values, live)))
+        names, values = _contents(dicts)
         if (
             len(dicts) == len(self.dicts)
             and all(map(operator.is_, dicts, self.dicts))
@@ -365,12 +363,17 @@ class _StateSeen:
             and all(map(operator.is_, values, self.values))
         ):
             return self.found
-        found = _state(optimizer, params)
+        self.found = _state(optimizer, params)
         # (as read after _state, which may have replaced a CPU tensor with a tpu one)
-        self.dicts, self.names = dicts, names
-        self.values = list(chain.from_iterable(map(dict.values, filter(None, dicts))))
-        self.found = found
-        return found
+        self.dicts = dicts
+        self.names, self.values = _contents(dicts)
+        return self.found
+
+
+def _contents(dicts: list) -> tuple[list, list]:
+    """(names, values) of the state dicts that exist, in order, in C-level passes."""
+    live = list(filter(None, dicts))
+    return list(chain.from_iterable(live)), list(chain.from_iterable(map(dict.values, live)))
 
 
 def _state(optimizer, params: list) -> tuple[list, list]:
