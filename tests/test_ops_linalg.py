@@ -288,6 +288,31 @@ def test_cdist_matrix_product_path():
     assert_same_grad(torch.cdist, x1, x2, **F32)
 
 
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_pdist_and_its_gradient(p, no_fallback):
+    """Row pairs in CPU's order, from differences (no matrix product at p = 2); a zero
+    distance (two equal rows) has gradient 0, not NaN. It ran on the CPU before."""
+    x = torch.randn(7, 4)
+    x[3] = x[1]
+    weights = torch.randn(21)  # (so each distance's gradient counts, not only their sum)
+    assert_same(lambda t: torch.pdist(t, p), x, **F32)
+    assert_same_grad(lambda t: torch.pdist(t, p) * weights.to(t.device), x, **F32)
+
+
+@pytest.mark.parametrize("shape", [(1, 4), (0, 3), (5, 0)])
+def test_pdist_of_fewer_than_two_rows_or_no_columns(shape, no_fallback):
+    x = torch.randn(*shape)
+    assert_same(torch.pdist, x)
+    if shape[0] > 1:
+        assert_same_grad(torch.pdist, x)
+
+
+def test_pdist_refuses_as_cpu():
+    assert_same_error(lambda d: torch.pdist(torch.randn(2, 3, 4, device=d)))
+    assert_same_error(lambda d: torch.pdist(torch.randn(4, 3, device=d), -1.0))
+    assert_same_error(lambda d: torch.pdist(torch.randint(0, 3, (4, 3), device=d)))
+
+
 def test_fft_forward(no_fallback):
     x = torch.randn(4, 6)
     c = torch.randn(4, 6, dtype=torch.complex64)

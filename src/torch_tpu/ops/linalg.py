@@ -476,9 +476,13 @@ def cdist_forward(x1, x2, p, compute_mode=None):
         sq2 = jnp.sum(x2 * x2, axis=-1)[..., None, :]
         cross = _matmul(x1, jnp.swapaxes(x2, -1, -2))
         return jnp.sqrt(jnp.maximum(sq1 + sq2 - 2 * cross, 0))
-    diff = jnp.abs(x1[..., :, None, :] - x2[..., None, :, :])
+    return _norms(jnp.abs(x1[..., :, None, :] - x2[..., None, :, :]), p)
+
+
+def _norms(diff, p):
+    """The p-norms of the absolute differences `diff` along the last axis."""
     if p == 0:
-        return jnp.sum(diff != 0, axis=-1).astype(x1.dtype)
+        return jnp.sum(diff != 0, axis=-1).astype(diff.dtype)
     if math.isinf(p):
         return jnp.max(diff, axis=-1, initial=0)
     if p == 1:
@@ -486,6 +490,23 @@ def cdist_forward(x1, x2, p, compute_mode=None):
     if p == 2:
         return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
     return jnp.sum(diff**p, axis=-1) ** (1 / p)
+
+
+def _norm_grads(diff, dist, g, p):
+    """d dist / d x1 per difference x1 - x2 (`diff`), times the incoming gradient g:
+    sign(diff) |diff|^(p-1) / dist^(p-1), zero where dist is zero (p > 0)."""
+    if p == 1:
+        terms = jnp.sign(diff) * g
+    elif math.isinf(p):
+        terms = jnp.sign(diff) * (jnp.abs(diff) == dist) * g
+    elif p == 2:
+        terms = diff * g / jnp.where(dist == 0, 1, dist)
+    else:
+        safe = jnp.where(dist == 0, 1, dist)
+        terms = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) * g / safe ** (p - 1)
+        if p < 1:
+            terms = jnp.where(diff == 0, 0, terms)
+    return jnp.where(dist == 0, 0, terms)
 
 
 def _no_distances(x1, x2):
@@ -500,23 +521,32 @@ def cdist_backward(grad, x1, x2, p, cdist):
     if _no_distances(x1, x2):  # PyTorch's zeros at x1's own shape, batch not broadcast
         return jnp.zeros_like(x1)
     diff = x1[..., :, None, :] - x2[..., None, :, :]
-    dist = cdist[..., None]
-    g = grad[..., None]
     if p == 0:  # (at the batch shape x1 and x2 broadcast to, as the other branches)
         return jnp.zeros(diff.shape[:-2] + diff.shape[-1:], diff.dtype)
-    if p == 1:
-        terms = jnp.sign(diff) * g
-    elif math.isinf(p):
-        terms = jnp.sign(diff) * (jnp.abs(diff) == dist) * g
-    elif p == 2:
-        terms = diff * g / jnp.where(dist == 0, 1, dist)
-    else:
-        safe = jnp.where(dist == 0, 1, dist)
-        terms = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) * g / safe ** (p - 1)
-        if p < 1:
-            terms = jnp.where(diff == 0, 0, terms)
-    terms = jnp.where(dist == 0, 0, terms)
-    return jnp.sum(terms, axis=-2)
+    return jnp.sum(_norm_grads(diff, cdist[..., None], grad[..., None], p), axis=-2)
+
+
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """pdist's row pairs (i < j), in its order: (0, 1), (0, 2), ..., (1, 2), ..."""
+    return np.triu_indices(n, 1)
+
+
+@lower("_pdist_forward.default")
+def pdist_forward(self, p=2.0):
+    """The distances between the rows of self, pairwise, from the differences as CPU's
+    kernel computes them (no matrix product, whatever p)."""
+    first, second = _pairs(self.shape[0])
+    return _norms(jnp.abs(self[first] - self[second]), p)
+
+
+@lower("_pdist_backward.default")
+def pdist_backward(grad, self, p, pdist):
+    """Each pair's gradient goes to its first row and, negated, to its second."""
+    first, second = _pairs(self.shape[0])
+    if p == 0 or first.size == 0:
+        return jnp.zeros_like(self)
+    terms = _norm_grads(self[first] - self[second], pdist[:, None], grad[:, None], p)
+    return jnp.zeros_like(self).at[first].add(terms).at[second].add(-terms)
 
 
 # -------------------------------------------------------------------- FFT
