@@ -7,6 +7,7 @@ from . import (  # noqa: F401
     embedding_bag,
     factory,
     foreach,
+    grid_sample,
     indexing,
     linalg,
     nn,
