@@ -1,6 +1,6 @@
-"""3-D grid sampling (ops/grid_sample.py) agrees with CPU: values and both gradients in
-every interpolation, padding and align_corners setting, CPU's edge rules, on the
-device (it ran on the CPU before)."""
+"""Grid sampling (ops/grid_sample.py) agrees with CPU: 3-D values and both gradients in
+every interpolation, padding and align_corners setting, the 2-D gradients, CPU's edge
+rules, on the device (they ran on the CPU before)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,26 @@ def test_grid_sample_3d_and_its_gradients_match_cpu(mode, padding, align, no_cpu
         out = F.grid_sample(v, g, mode=mode, padding_mode=padding, align_corners=align)
         (out * weights.to(device)).sum().backward()
         grads.append((out.detach().cpu(), v.grad.cpu(), g.grad.cpu()))
+    for cpu, tpu in zip(*grads):
+        torch.testing.assert_close(tpu, cpu, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+def test_grid_sample_2d_gradients_match_cpu(mode, padding, no_cpu_fallback):
+    """The 2-D forward is PyTorch's decomposition; its backward op ran on the CPU."""
+    g = torch.Generator().manual_seed(1)
+    image = torch.randn(2, 3, 5, 6, generator=g)
+    grid = torch.rand(2, 4, 3, 2, generator=g) * 2.6 - 1.3
+    grid[1, 0, 0] = torch.tensor([1.0, -1.0])
+    weights = torch.randn(2, 3, 4, 3, generator=g)
+    grads = []
+    for device in ("cpu", "tpu"):
+        v = image.detach().to(device).requires_grad_()
+        p = grid.detach().to(device).requires_grad_()
+        out = F.grid_sample(v, p, mode=mode, padding_mode=padding, align_corners=False)
+        (out * weights.to(device)).sum().backward()
+        grads.append((v.grad.cpu(), p.grad.cpu()))
     for cpu, tpu in zip(*grads):
         torch.testing.assert_close(tpu, cpu, rtol=1e-4, atol=1e-5)
 

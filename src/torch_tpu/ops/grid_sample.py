@@ -1,13 +1,13 @@
-"""3-D grid sampling (`F.grid_sample` of a 5-D input: spatial transformers on volumes,
-image registration).
+"""Grid sampling (`F.grid_sample`): the 3-D sampler and its backward, and the 2-D
+sampler's backward (spatial transformers, image and volume registration).
 
-PyTorch decomposes the 2-D sampler into ops we lower, but not the 3-D one, so it ran
-on the CPU at every call. Forward and backward are lowered here from one forward
-function (the backward is its vector-Jacobian product), in the input's dtype as CPU's
-kernel computes (half types too), with CPU's coordinate rules:
-unnormalisation by align_corners, border and reflection padding (a NaN coordinate
-clamps to the last index, as CPU's min/max do), zeros padding dropping taps outside
-the volume, nearest rounding half to even.
+PyTorch decomposes the 2-D forward into ops we lower, but not its backward op, nor
+the 3-D sampler: they ran on the CPU at every call. Each is lowered here from one
+forward function (a backward is its vector-Jacobian product), in the input's dtype as
+CPU's kernels compute (half types too), with CPU's coordinate rules: unnormalisation
+by align_corners, border and reflection padding (a NaN coordinate clamps to the last
+index, as CPU's min/max do; bicubic pads each tap's index instead), zeros padding
+dropping taps outside, nearest rounding half to even.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from .pointwise import scalar_type_name
 from .registry import lower
 
-_BILINEAR, _NEAREST = 0, 1
+_BILINEAR, _NEAREST, _BICUBIC = 0, 1, 2
 _ZEROS, _BORDER, _REFLECTION = 0, 1, 2
 
 
@@ -41,12 +41,22 @@ def _reflect(coord, twice_low: int, twice_high: int):
     return jnp.where(flips % 2 == 0, extra + low, span - extra + low)
 
 
-def _source_index(coord, size: int, padding_mode: int, align_corners: bool):
-    """A grid coordinate in [-1, 1] as a (fractional) index along a dim of `size`."""
-    if align_corners:
-        coord = (coord + 1) / 2 * (size - 1)
-    else:
-        coord = ((coord + 1) * size - 1) / 2
+def _unnormalized(grid, sizes: tuple, align_corners: bool) -> list:
+    """Per spatial dim (slowest first), the grid's coordinate in [-1, 1] as a fractional
+    index; the grid's last axis lists them fastest first (x, y, z)."""
+    last = len(sizes) - 1
+    coords = []
+    for axis, size in enumerate(sizes):
+        coord = grid[..., last - axis]
+        if align_corners:
+            coords.append((coord + 1) / 2 * (size - 1))
+        else:
+            coords.append(((coord + 1) * size - 1) / 2)
+    return coords
+
+
+def _padded(coord, size: int, padding_mode: int, align_corners: bool):
+    """An index moved inside by border or reflection padding (zeros padding: as it is)."""
     if padding_mode == _BORDER:
         return _clip(coord, size)
     if padding_mode == _REFLECTION:
@@ -57,31 +67,25 @@ def _source_index(coord, size: int, padding_mode: int, align_corners: bool):
 
 
 def _taps(volume, indices: tuple, sizes: tuple):
-    """volume (N, C, D, H, W) read at integer float indices (z, y, x), each (N, Do, Ho,
-    Wo): (N, C, Do, Ho, Wo), and whether each tap lies inside the volume."""
+    """volume (N, C, *sizes) read at integer float indices, one per spatial dim, each of
+    the grid's shape (N, *out): (N, C, *out), and whether each tap lies inside."""
     inside = jnp.ones(indices[0].shape, bool)
     clipped = []
     for index, size in zip(indices, sizes):
         inside &= (index >= 0) & (index <= size - 1)  # (False for NaN)
         clipped.append(jnp.clip(jnp.nan_to_num(index), 0, size - 1).astype(jnp.int32))
-    batch = jnp.arange(volume.shape[0]).reshape(-1, 1, 1, 1)
-    values = volume[batch, :, clipped[0], clipped[1], clipped[2]]  # (N, Do, Ho, Wo, C)
+    batch = jnp.arange(volume.shape[0]).reshape((-1,) + (1,) * len(sizes))
+    values = volume[(batch, slice(None), *clipped)]  # (N, *out, C)
     return jnp.moveaxis(values, -1, 1), inside[:, None]
 
 
-def _forward(volume, grid, interpolation_mode: int, padding_mode: int, align_corners: bool):
-    sizes = volume.shape[2:]  # (D, H, W); the grid's last axis is (x, y, z)
-    coords = [
-        _source_index(grid[..., 2 - axis], size, padding_mode, align_corners)
-        for axis, size in enumerate(sizes)
-    ]
-    if interpolation_mode == _NEAREST:
-        values, inside = _taps(volume, tuple(jnp.round(c) for c in coords), sizes)
-        return jnp.where(inside, values, 0).astype(volume.dtype)
+def _linear(volume, coords: list, sizes: tuple):
+    """Bilinear (trilinear): the 2^dims taps around each point, weighted."""
     lows = [jnp.floor(c) for c in coords]
-    out = jnp.zeros((volume.shape[0], volume.shape[1], *grid.shape[1:4]), volume.dtype)
-    for corner in range(8):
-        offsets = [(corner >> (2 - axis)) & 1 for axis in range(3)]
+    dims = len(sizes)
+    out = 0
+    for corner in range(2**dims):
+        offsets = [(corner >> (dims - 1 - axis)) & 1 for axis in range(dims)]
         indices = tuple(low + offset for low, offset in zip(lows, offsets))
         weight = 1
         for coord, index, offset in zip(coords, indices, offsets):
@@ -91,7 +95,57 @@ def _forward(volume, grid, interpolation_mode: int, padding_mode: int, align_cor
     return out
 
 
-def _check_mode(interpolation_mode: int) -> None:
+def _cubic_weights(t) -> list:
+    """The cubic convolution weights (A = -0.75) of the taps at -1, 0, 1, 2 from floor."""
+    a = -0.75
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def _bicubic(volume, coords: list, sizes: tuple, padding_mode: int, align_corners: bool):
+    """2-D only, as on CPU: the 4 x 4 taps around each point, padding each tap's index."""
+    lows = [jnp.floor(c) for c in coords]
+    weights = [_cubic_weights(c - low) for c, low in zip(coords, lows)]  # (y, x)
+    out = 0
+    for i in range(4):
+        for j in range(4):
+            indices = tuple(
+                _padded(low + k - 1, size, padding_mode, align_corners)
+                for low, k, size in zip(lows, (i, j), sizes)
+            )
+            values, inside = _taps(volume, indices, sizes)
+            out = out + jnp.where(inside, values * (weights[0][i] * weights[1][j])[:, None], 0)
+    return out.astype(volume.dtype)
+
+
+def _forward(volume, grid, interpolation_mode: int, padding_mode: int, align_corners: bool):
+    sizes = volume.shape[2:]
+    coords = _unnormalized(grid, sizes, align_corners)
+    if interpolation_mode == _BICUBIC:
+        return _bicubic(volume, coords, sizes, padding_mode, align_corners)
+    coords = [_padded(c, size, padding_mode, align_corners) for c, size in zip(coords, sizes)]
+    if interpolation_mode == _NEAREST:
+        values, inside = _taps(volume, tuple(jnp.round(c) for c in coords), sizes)
+        return jnp.where(inside, values, 0).astype(volume.dtype)
+    return _linear(volume, coords, sizes)
+
+
+def _vjp(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, mask):
+    """(the input's gradient, or None where output_mask says so; the grid's)."""
+    _, pull = jax.vjp(
+        lambda v, g: _forward(v, g, interpolation_mode, padding_mode, align_corners), input, grid
+    )
+    grad_input, grad_grid = pull(grad_output.astype(input.dtype))
+    return (grad_input if mask[0] else None), grad_grid
+
+
+def _check_3d_mode(interpolation_mode: int) -> None:
     if interpolation_mode not in (_BILINEAR, _NEAREST):
         raise NotImplementedError(
             "grid_sampler_3d: tpu lowers bilinear and nearest sampling (CPU's 3-D sampler "
@@ -117,7 +171,7 @@ def _check_dtypes(values: list) -> bool:
 
 @lower("grid_sampler_3d.default", check=_check_dtypes)
 def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners):
-    _check_mode(interpolation_mode)
+    _check_3d_mode(interpolation_mode)
     return _forward(input, grid, interpolation_mode, padding_mode, align_corners)
 
 
@@ -125,9 +179,16 @@ def grid_sampler_3d(input, grid, interpolation_mode, padding_mode, align_corners
 def grid_sampler_3d_backward(
     grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask
 ):
-    _check_mode(interpolation_mode)
-    _, pull = jax.vjp(
-        lambda v, g: _forward(v, g, interpolation_mode, padding_mode, align_corners), input, grid
+    _check_3d_mode(interpolation_mode)
+    return _vjp(
+        grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask
     )
-    grad_input, grad_grid = pull(grad_output.astype(input.dtype))
-    return (grad_input if output_mask[0] else None), grad_grid
+
+
+@lower("grid_sampler_2d_backward.default")
+def grid_sampler_2d_backward(
+    grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask
+):
+    return _vjp(
+        grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask
+    )
