@@ -312,6 +312,26 @@ def _load_state(cpu, tpu, cpu_opt, tpu_opt) -> None:
         opt.load_state_dict(copy.deepcopy(cpu_opt.state_dict()))
 
 
+def _steps_with_changes(model: nn.Module, changes: dict, steps: int) -> tuple:
+    """`steps` SGD steps of model on CPU eager and of a copy by compile_step, each change
+    applied to both before its step (changes[k](cpu, tpu, cpu_opt, tpu_opt)); the losses
+    and the models after agree. Returns (cpu, tpu, cpu_opt, tpu_opt)."""
+    cpu, tpu = model, copy.deepcopy(model).to("tpu")
+    cpu_opt, tpu_opt = _optimizer("sgd", cpu.parameters()), _optimizer("sgd", tpu.parameters())
+    step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
+    x, y = _batch()
+    for k in range(steps):
+        if k in changes:
+            changes[k](cpu, tpu, cpu_opt, tpu_opt)
+        cpu_opt.zero_grad()
+        loss = nn.functional.cross_entropy(cpu(x), y)
+        loss.backward()
+        cpu_opt.step()
+        assert step(x.to("tpu"), y.to("tpu")).item() == pytest.approx(loss.item(), rel=1e-5)
+    _assert_models_equal(cpu, tpu)
+    return cpu, tpu, cpu_opt, tpu_opt
+
+
 @pytest.mark.parametrize(
     "setup, change",
     [
@@ -344,22 +364,9 @@ def test_tensors_changed_between_steps_are_read_as_on_cpu(setup, change):
     out (their storages, offsets, sizes and strides) and checks that instead of
     describing them again: a parameter given new data, restrided or moved in its
     storage, or a moment replaced, must be read as it now is, never as it was."""
-    cpu = _mlp()
-    tpu = copy.deepcopy(cpu).to("tpu")
-    cpu_opt, tpu_opt = _optimizer("sgd", cpu.parameters()), _optimizer("sgd", tpu.parameters())
-    step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
-    x, y = _batch()
-    for k in range(4):
-        if k == 0 and setup is not None:
-            setup(cpu, tpu, cpu_opt, tpu_opt)
-        if k == 2:
-            change(cpu, tpu, cpu_opt, tpu_opt)
-        cpu_opt.zero_grad()
-        loss = nn.functional.cross_entropy(cpu(x), y)
-        loss.backward()
-        cpu_opt.step()
-        assert step(x.to("tpu"), y.to("tpu")).item() == pytest.approx(loss.item(), rel=1e-5)
-    _assert_models_equal(cpu, tpu)
+    cpu, tpu, cpu_opt, tpu_opt = _steps_with_changes(
+        _mlp(), {0: setup, 2: change} if setup is not None else {2: change}, steps=4
+    )
     for c, t in zip(cpu.parameters(), tpu.parameters()):
         torch.testing.assert_close(
             tpu_opt.state[t]["momentum_buffer"].cpu(), cpu_opt.state[c]["momentum_buffer"]
@@ -370,24 +377,14 @@ def test_an_empty_buffer_keeps_changes_between_steps_read_as_on_cpu():
     """An empty tensor has no address, so the step checks its parameters one by one
     (storage, offset) instead of by address: the empty buffer given a new storage, then a
     weight given new data, are seen."""
-    cpu = _mlp()
-    cpu.register_buffer("nothing", torch.zeros(0))
-    tpu = copy.deepcopy(cpu).to("tpu")
-    cpu_opt, tpu_opt = _optimizer("sgd", cpu.parameters()), _optimizer("sgd", tpu.parameters())
-    step = torch_tpu.compile_step(tpu, tpu_opt, nn.functional.cross_entropy)
-    x, y = _batch()
-    change = _on_weight(lambda w: setattr(w, "data", w * 0.5))
-    for k in range(5):
-        if k == 2:
-            tpu.nothing.data = torch.zeros(0, device="tpu")
-        if k == 3:
-            change(cpu, tpu, cpu_opt, tpu_opt)
-        cpu_opt.zero_grad()
-        loss = nn.functional.cross_entropy(cpu(x), y)
-        loss.backward()
-        cpu_opt.step()
-        assert step(x.to("tpu"), y.to("tpu")).item() == pytest.approx(loss.item(), rel=1e-5)
-    _assert_models_equal(cpu, tpu)
+    model = _mlp()
+    model.register_buffer("nothing", torch.zeros(0))
+
+    def new_storage(cpu, tpu, cpu_opt, tpu_opt) -> None:
+        tpu.nothing.data = torch.zeros(0, device="tpu")
+
+    changes = {2: new_storage, 3: _on_weight(lambda w: setattr(w, "data", w * 0.5))}
+    _steps_with_changes(model, changes, steps=5)
 
 
 def test_a_parameter_donated_to_a_jax_op_between_steps_raises_naming_the_op():

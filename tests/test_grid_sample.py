@@ -26,19 +26,26 @@ def _inputs(dtype=torch.float32):
     return volume, grid
 
 
+def _assert_matches_cpu(fn, inputs: tuple, weights: torch.Tensor) -> None:
+    """fn(*inputs) on CPU and tpu: the outputs, and the gradients of the outputs weighted
+    by `weights` (so each output's gradient counts) with respect to every input."""
+    results = []
+    for device in ("cpu", "tpu"):
+        leaves = [t.detach().to(device).requires_grad_() for t in inputs]
+        out = fn(*leaves)
+        (out * weights.to(device)).sum().backward()
+        results.append([out.detach().cpu(), *(t.grad.cpu() for t in leaves)])
+    for cpu, tpu in zip(*results):
+        torch.testing.assert_close(tpu, cpu, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode, padding, align", _SETTINGS)
 def test_grid_sample_3d_and_its_gradients_match_cpu(mode, padding, align, no_cpu_fallback):
-    volume, grid = _inputs()
-    weights = torch.randn(2, 3, 3, 2, 4)  # (each output's gradient counts)
-    grads = []
-    for device in ("cpu", "tpu"):
-        v = volume.detach().to(device).requires_grad_()
-        g = grid.detach().to(device).requires_grad_()
-        out = F.grid_sample(v, g, mode=mode, padding_mode=padding, align_corners=align)
-        (out * weights.to(device)).sum().backward()
-        grads.append((out.detach().cpu(), v.grad.cpu(), g.grad.cpu()))
-    for cpu, tpu in zip(*grads):
-        torch.testing.assert_close(tpu, cpu, rtol=1e-4, atol=1e-5)
+    _assert_matches_cpu(
+        lambda v, g: F.grid_sample(v, g, mode=mode, padding_mode=padding, align_corners=align),
+        _inputs(),
+        torch.randn(2, 3, 3, 2, 4),
+    )
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
@@ -49,16 +56,11 @@ def test_grid_sample_2d_gradients_match_cpu(mode, padding, no_cpu_fallback):
     image = torch.randn(2, 3, 5, 6, generator=g)
     grid = torch.rand(2, 4, 3, 2, generator=g) * 2.6 - 1.3
     grid[1, 0, 0] = torch.tensor([1.0, -1.0])
-    weights = torch.randn(2, 3, 4, 3, generator=g)
-    grads = []
-    for device in ("cpu", "tpu"):
-        v = image.detach().to(device).requires_grad_()
-        p = grid.detach().to(device).requires_grad_()
-        out = F.grid_sample(v, p, mode=mode, padding_mode=padding, align_corners=False)
-        (out * weights.to(device)).sum().backward()
-        grads.append((v.grad.cpu(), p.grad.cpu()))
-    for cpu, tpu in zip(*grads):
-        torch.testing.assert_close(tpu, cpu, rtol=1e-4, atol=1e-5)
+    _assert_matches_cpu(
+        lambda v, p: F.grid_sample(v, p, mode=mode, padding_mode=padding, align_corners=False),
+        (image, grid),
+        torch.randn(2, 3, 4, 3, generator=g),
+    )
 
 
 def test_only_the_needed_gradient(no_cpu_fallback):
