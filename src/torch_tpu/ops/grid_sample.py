@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .nn import cubic_weights
 from .pointwise import scalar_type_name
 from .registry import lower
 
@@ -95,23 +96,10 @@ def _linear(volume, coords: list, sizes: tuple):
     return out
 
 
-def _cubic_weights(t) -> list:
-    """The cubic convolution weights (A = -0.75) of the taps at -1, 0, 1, 2 from floor."""
-    a = -0.75
-
-    def near(x):  # |x| <= 1
-        return ((a + 2) * x - (a + 3)) * x * x + 1
-
-    def far(x):  # 1 < |x| < 2
-        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-
-    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
-
-
 def _bicubic(volume, coords: list, sizes: tuple, padding_mode: int, align_corners: bool):
     """2-D only, as on CPU: the 4 x 4 taps around each point, padding each tap's index."""
     lows = [jnp.floor(c) for c in coords]
-    weights = [_cubic_weights(c - low) for c, low in zip(coords, lows)]  # (y, x)
+    weights = [cubic_weights(c - low) for c, low in zip(coords, lows)]  # (y, x)
     out = 0
     for i in range(4):
         for j in range(4):

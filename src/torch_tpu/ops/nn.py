@@ -1361,12 +1361,17 @@ def _cubic_far(d, a=-0.75):
     return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
 
 
+def cubic_weights(t) -> list:
+    """The weights of the taps at -1, 0, 1, 2 from floor, t the coordinate's distance
+    past floor (numpy or JAX arrays): bicubic upsampling's and grid sampling's."""
+    return [_cubic_far(t + 1), _cubic_near(t), _cubic_near(1 - t), _cubic_far(2 - t)]
+
+
 def _cubic_taps(size, out, scale, align_corners, dtype):
     """The 4 neighbours of each source coordinate, indices clamped to the edge."""
     source = _source(size, out, scale, align_corners, True, dtype)
     low = np.floor(source).astype(np.int64)
-    t = source - low
-    weights = [_cubic_far(t + 1), _cubic_near(t), _cubic_near(1 - t), _cubic_far(2 - t)]
+    weights = cubic_weights(source - low)
     return [(np.clip(low + k - 1, 0, size - 1), w) for k, w in enumerate(weights)]
 
 
