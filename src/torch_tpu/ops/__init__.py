@@ -15,6 +15,7 @@ from . import (  # noqa: F401
     pointwise,
     random,
     reduction,
+    resize_aa,
     rnn,
     shape,
     weight_norm,
