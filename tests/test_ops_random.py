@@ -372,3 +372,57 @@ def test_new_sizes_share_one_generator_program(monkeypatch):
     bucket = f"rng bits {predrawn.bucket_size(120)}"
     assert {predrawn.bucket_size(math.prod(size)) for size in sizes} == {predrawn.bucket_size(120)}
     assert set(generators) <= {bucket} and len(generators) <= 1, generators
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rrelu_training_draws_slopes_and_keeps_them_for_backward(dtype):
+    """Each input <= 0 (-0.0 and 0.0 included, as CPU) gets a slope from [lower, upper),
+    recorded in noise; positive inputs pass with noise 1; the gradient is the noise."""
+    x = torch.cat([-torch.rand(N) - 0.01, torch.tensor([0.0, -0.0]), torch.rand(100) + 0.01])
+    x = x.to(dtype).to("tpu").requires_grad_()
+    noise = torch.full_like(x, 7.0).detach()
+    out = torch.ops.aten.rrelu_with_noise(x, noise, 0.1, 0.3, True)
+    out.sum().backward()
+    noise, out, x, grad = noise.cpu(), out.detach().cpu(), x.detach().cpu(), x.grad.cpu()
+    down = x <= 0
+    assert out.dtype == noise.dtype == dtype
+    assert torch.equal(out[~down], x[~down]) and bool((noise[~down] == 1).all())
+    slopes = noise[down].double()
+    assert slopes.min() >= 0.1 - 1e-3 and slopes.max() <= 0.3 + 1e-3
+    assert abs(slopes.mean().item() - 0.2) < 0.005 and abs(slopes.std().item() - 0.0577) < 0.005
+    torch.testing.assert_close(out[down], (x[down].double() * slopes).to(dtype))
+    assert torch.equal(grad, noise)
+
+
+def test_rrelu_eval_is_leaky_relu_with_the_mean_slope_and_leaves_noise():
+    x = torch.tensor([-2.0, -0.0, 0.0, 1.0, -1.0, float("-inf"), float("nan")])
+    noise = torch.full((7,), 7.0)
+    expected = torch.ops.aten.rrelu_with_noise(x, noise.clone(), 0.1, 0.3, False)
+    tpu_noise = noise.to("tpu")
+    got = torch.ops.aten.rrelu_with_noise(x.to("tpu"), tpu_noise, 0.1, 0.3, False)
+    torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+    assert torch.equal(got.cpu().signbit(), expected.signbit())
+    assert torch.equal(tpu_noise.cpu(), noise)
+    module = torch.nn.RReLU(0.05, 0.25).eval()
+    torch.testing.assert_close(module(x.to("tpu")).cpu(), module(x), equal_nan=True)
+
+
+def test_rrelu_refuses_as_cpu():
+    x = torch.tensor([-2.0, 1.0, -1.0])
+    cases = [
+        (x.long(), torch.zeros(3, dtype=torch.long), 0.1, 0.3, True),
+        (x.long(), torch.zeros(3, dtype=torch.long), 0.1, 0.3, False),
+        (x.half(), torch.zeros(3).half(), 0.1, 0.3, True),
+        (x, torch.zeros(3, dtype=torch.float64), 0.1, 0.3, True),
+        (x, torch.zeros(3, 1), 0.1, 0.3, True),
+        (x, torch.zeros(2), 0.1, 0.3, False),
+        (x, torch.zeros(3), 0.5, 0.3, True),  # (after a call with other bounds, below)
+    ]
+    torch.ops.aten.rrelu_with_noise(x.to("tpu"), torch.zeros(3, device="tpu"), 0.1, 0.3, True)
+    for args in cases:
+        with pytest.raises((RuntimeError, NotImplementedError)) as on_cpu:
+            torch.ops.aten.rrelu_with_noise(*args)
+        on_tpu = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+        with pytest.raises(on_cpu.type) as raised:
+            torch.ops.aten.rrelu_with_noise(*on_tpu)
+        assert str(raised.value) == str(on_cpu.value), args

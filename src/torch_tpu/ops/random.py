@@ -14,6 +14,7 @@ import torch
 
 from .. import dtypes
 from ..rng import draw
+from .nn import _up, leaky_relu
 from .pointwise import check_fill_value, scalar_type_name
 from .registry import lower
 
@@ -385,3 +386,48 @@ def binomial(key, count, prob, generator=None):
     p = jnp.broadcast_to(prob.astype(dtype), shape).reshape(-1)
     drawn = jax.random.binomial(key, n, jnp.clip(p, 0, 1), dtype=dtype)
     return jnp.where(jnp.isnan(p), jnp.nan, drawn).reshape(shape).astype(count.dtype)
+
+
+def _check_rrelu(values: list) -> bool:
+    """CPU's refusals: a noise of another shape; in training its kernel takes float32,
+    float64 and bfloat16 with a noise of the same dtype and lower <= upper; in eval it is
+    leaky_relu's."""
+    self, noise, lower, upper, training = values[:5]
+    name = scalar_type_name(self.dtype)
+    if noise.shape != self.shape:
+        raise RuntimeError(
+            "noise tensor shape must match self tensor shape. Got self.shape = "
+            f"{list(self.shape)} noise.shape = {list(noise.shape)}"
+        )
+    if not training:
+        if not self.is_floating_point():
+            raise NotImplementedError(f"\"leaky_relu_cpu\" not implemented for '{name}'")
+        return False
+    if not self.is_floating_point() or self.dtype == torch.float16:
+        raise NotImplementedError(f"\"rrelu_with_noise_out_cpu\" not implemented for '{name}'")
+    if noise.dtype != self.dtype:
+        raise RuntimeError(
+            f"expected scalar type {name} but found {scalar_type_name(noise.dtype)}"
+        )
+    if float(lower) > float(upper):
+        raise RuntimeError(
+            "Expected from <= to to be true, but got false.  (Could this error message be "
+            "improved?  If so, please report an enhancement request to PyTorch.)"
+        )
+    return True  # (the bounds are run-time scalars: checked at every call)
+
+
+@lower("rrelu_with_noise.default", random=True, writes=("noise",), check=_check_rrelu)
+def rrelu_with_noise(key, self, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    """nn.RReLU: in training each input <= 0 is scaled by a slope drawn uniformly from
+    [lower, upper), kept in `noise` (1 elsewhere) for the backward; in eval, leaky_relu
+    with the mean slope, `noise` left as it is."""
+    if not training:
+        return leaky_relu(self, (lower + upper) / 2), noise
+    x = _up(self)
+    slopes = _uniform(key, x.shape, x.dtype, lower, upper)
+    negative = x <= 0
+    return (
+        jnp.where(negative, x * slopes, x).astype(self.dtype),
+        jnp.where(negative, slopes, 1).astype(noise.dtype),
+    )
