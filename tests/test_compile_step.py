@@ -633,3 +633,30 @@ def test_big_gradients_leave_alone(monkeypatch):
     assert all(w.grad.untyped_storage().nbytes() == w.numel() * 4 for w in weights)
     for c, t in zip(cpu.parameters(), tpu.parameters()):
         torch.testing.assert_close(t.grad.cpu(), c.grad)
+
+
+def test_the_loss_carries_the_index_check_and_a_later_check_is_not_missed():
+    """A checked step's loss storage carries the device-check flag after the loss, so
+    the host reads both in one transfer (`device_asserts.carried`). An index out of
+    range raises at the loss's read, once; a checked op run after the step changes the
+    flag, and a read of that step's loss then reads the flag itself."""
+    from torch_tpu.engine import device_asserts
+
+    model = _mlp().to("tpu")
+    step = torch_tpu.compile_step(
+        model, _optimizer("sgd", model.parameters()), nn.functional.cross_entropy
+    )
+    x, y = _batch()
+    xt, yt = x.to("tpu"), y.to("tpu")
+    loss = step(xt, yt)
+    assert loss.shape == () and loss.untyped_storage().nbytes() == 8  # [loss, flag]
+    assert device_asserts._carried_value() is storage_of(loss).value
+    value = loss.item()
+    assert value == loss.cpu().item() == (loss * 2).item() / 2
+    with pytest.raises(IndexError, match="nll_loss"):
+        step(xt, torch.full_like(yt, 9)).item()
+    assert np.isfinite(step(xt, yt).item())  # reported once: the device goes on
+    loss = step(xt, yt)
+    torch.zeros(3, device="tpu")[torch.tensor([5], device="tpu")]
+    with pytest.raises(IndexError, match="out of bounds"):
+        loss.item()

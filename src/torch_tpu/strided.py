@@ -387,18 +387,36 @@ def spans_storage(view: View) -> bool:
     )
 
 
+# a storage at most this long is read to the host whole for any view of it: one
+# transfer of a few bytes costs less than compiling and running a read program
+HOST_READ_WHOLE_ELEMENTS = 64
+
+
+def host_readable(view: View) -> bool:
+    """True when the host can read the view from its storage's host copy: the view spans
+    the storage (`spans_storage`), or the storage is tiny and the view plain (its dtype,
+    no conjugate or negative bit): a compiled step's loss, packed with the device-check
+    flag (`device_asserts.carried`), or an element of a small tensor."""
+    return spans_storage(view) or (
+        view.storage_numel <= HOST_READ_WHOLE_ELEMENTS
+        and not (view.conj or view.neg)
+        and view.dtype == view.storage_dtype
+    )
+
+
 def host_read(flat: np.ndarray, view: View) -> np.ndarray:
-    """A view for which `spans_storage` holds, read from its storage's host copy (any
+    """A view for which `host_readable` holds, read from its storage's host copy (any
     shape): a new C-contiguous array of view.shape (it never aliases the device buffer)."""
     flat = flat.reshape(-1)
-    if len(flat) <= 1 or view.strides == contiguous_strides(view.shape):
+    n = math.prod(view.shape)
+    if n <= 1 or view.strides == contiguous_strides(view.shape):
         # (the common case, a copy; striding raw bytes cost a scalar's .item() 50 us)
-        return np.array(flat.reshape(view.shape), copy=True)
+        return np.array(flat[view.offset : view.offset + n].reshape(view.shape), copy=True)
     itemsize = flat.dtype.itemsize
     strides = tuple(s * itemsize for s in view.strides)
     # stride raw bytes: numpy's as_strided cannot rebuild ml_dtypes' types (float8_*,
     # bfloat16) from their array interface
-    raw = flat.view(np.dtype((np.void, itemsize)))
+    raw = flat.view(np.dtype((np.void, itemsize)))[view.offset :]
     seen = np.lib.stride_tricks.as_strided(raw, view.shape, strides, writeable=False)
     return np.array(seen, order="C", copy=True).view(flat.dtype)
 

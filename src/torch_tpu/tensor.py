@@ -9,6 +9,7 @@ all of them, and the storage is the single source of truth.
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import weakref
@@ -228,6 +229,15 @@ class Fresh:
         self.nbytes = self.numel * dtype.itemsize
         self.jax_dtype = dtypes.to_jax(dtype)
         self.layout = layout_shape(self.shape, strides)
+
+    def with_trailing(self, extra: int) -> Fresh:
+        """This output over a storage `extra` elements longer: values its program packs
+        after it, to be read to the host with it."""
+        out = copy.copy(self)
+        out.numel += extra
+        out.nbytes = out.numel * self.dtype.itemsize
+        out.layout = (out.numel,)
+        return out
 
     def make(self, value) -> torch.Tensor:
         """A new tensor with its own storage holding value (new_tensor, unrolled)."""

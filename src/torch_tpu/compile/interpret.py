@@ -253,6 +253,7 @@ def build(
     random_nodes: tuple[torch.fx.Node, ...],
     written_slots: tuple[int, ...],
     checked: bool = False,
+    pack_flag: bool = False,
 ) -> Callable:
     """The pure function (flat storage arrays..., offsets..., [rng.next_key_words()]) ->
     (new flat arrays of the storages in written_slots; flat storage arrays of
@@ -266,7 +267,9 @@ def build(
     layouts gives, per input node, (storage slot, View) for a tensor or the int an
     integer input (a size, after specialising a dynamic graph) is fixed to.
     Inputs sharing a storage share a slot, so writes into them compose. `checked`: the
-    device-check flag is one more storage after the inputs' (written_slots names it)."""
+    device-check flag is one more storage after the inputs' (written_slots names it);
+    `pack_flag`: the first value (a 0-d float) comes out as [value, the flag's new value],
+    read by the host in one transfer (`device_asserts.carried`)."""
     inputs = input_nodes(graph)
     random_index = {node: k for k, node in enumerate(random_nodes)}
     n_slots = storage_slots(layouts) + checked
@@ -300,6 +303,10 @@ def build(
             slot, view = layouts[k]
             flats[slot] = strided.write_with(flats[slot], view, jnp.asarray(env[value]), offsets)
         values = tuple(_store(env[n], n.meta["val"]) for n in value_nodes)
+        if pack_flag:
+            first = values[0].reshape(1)
+            flag = flats[n_slots - 1].astype(first.dtype).reshape(1)  # (codes are small ints)
+            values = (jnp.concatenate([first, flag]), *values[1:])
         return tuple(flats[slot] for slot in written_slots), values
 
     return program

@@ -58,8 +58,12 @@ class CompiledGraph:
         input_names: list[str] | None = None,
         options: dict | None = None,
         stable_inputs: int = 0,
+        pack_flag: bool = False,
     ) -> None:
-        """stable_inputs: how many leading inputs the caller passes again, unchanged, on
+        """pack_flag: when the graph checks index values and its first output is a 0-d
+        float (a training step's loss), that output's storage carries the device-check
+        flag after it, so the host reads both in one transfer (`device_asserts.carried`).
+        stable_inputs: how many leading inputs the caller passes again, unchanged, on
         most calls (a compiled training step's parameters and optimizer state): their
         description is remembered and checked instead of rebuilt (`_StablePrefix`), and
         their storage offsets are constants of the executable (a view among them, such
@@ -90,6 +94,9 @@ class CompiledGraph:
         self.host_copies = HostCopies(set(self.written_inputs))
         self.checked = interpret.device_checked(gm.graph)  # (index values: device_asserts)
         self._plan(gm.graph, nodes)
+        self.pack_flag = pack_flag and self.checked and self._first_output_is_a_scalar()
+        if self.pack_flag:
+            self.fresh[0] = self.fresh[0].with_trailing(1)
         self.executables: dict = {}
         self.stable_inputs = stable_inputs
         self._prefix: _StablePrefix | None = None
@@ -121,6 +128,17 @@ class CompiledGraph:
             Fresh(v.shape, v.dtype, interpret.output_strides(v))
             for v in (n.meta["val"] for n in self.value_nodes)
         ]
+
+    def _first_output_is_a_scalar(self) -> bool:
+        """The first output is the first computed value, returned once, a 0-d float32 or
+        float64 (which hold the flag's small codes exactly)."""
+        return (
+            bool(self.plan)
+            and self.plan[0] == ("value", 0)
+            and self.plan.count(("value", 0)) == 1
+            and self.fresh[0].shape == ()
+            and self.fresh[0].dtype in (torch.float32, torch.float64)
+        )
 
     def __call__(self, args: list) -> list:
         precision.sync()
@@ -158,6 +176,8 @@ class CompiledGraph:
             storages[slot].value = value
         if self.checked:
             device_asserts.noted()
+            if self.pack_flag:
+                device_asserts.carried(flats[0])
         if host:
             if self.host_writes is not None:
                 self.host_writes.apply(host)
@@ -279,7 +299,13 @@ class CompiledGraph:
         if self.checked:
             written_slots += (interpret.storage_slots(layouts),)  # the flag's
         fn = interpret.build(
-            self.graph, layouts, self.value_nodes, self.random_nodes, written_slots, self.checked
+            self.graph,
+            layouts,
+            self.value_nodes,
+            self.random_nodes,
+            written_slots,
+            self.checked,
+            self.pack_flag,
         )
         example = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays)
         return self._cache_compile(fn, example, donated_slots), written_slots, donated_slots

@@ -202,7 +202,9 @@ class CompiledStep:
         # parameters, buffers and optimizer state come back every step (a scheduler's
         # learning rates and the batch are new tensors each step)
         stable = len(params) + len(buffers) + len(state_values)
-        graph = CompiledGraph(gm, name, None, self.options, stable_inputs=stable)
+        graph = CompiledGraph(
+            gm, name, None, self.options, stable_inputs=stable, pack_flag=True
+        )
         return _Program(graph, found["places"], found["flats"], zeroed, found["created"])
 
 

@@ -1460,7 +1460,7 @@ def download(t: torch.Tensor, reason: str):
     storage = storage_of(t)
     view = view_of(t, storage)
     try:
-        if strided.spans_storage(view):
+        if strided.host_readable(view):
             # the whole storage, once: no read program to compile for this shape
             array = storage.array(reason)
             device_asserts.prefetch()
