@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     amp,
     attention,
     composites,
+    ctc,
     embedding_bag,
     factory,
     foreach,
