@@ -986,3 +986,37 @@ def test_float64_interpolation_keeps_float64_precision(mode, dims, how):
     for t, c in zip(run("tpu"), run("cpu")):
         assert t.dtype == torch.float64
         torch.testing.assert_close(t, c, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.15])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_gradient_of_ignored_targets_is_cpus_zero(
+    reduction, label_smoothing, eager_mode
+):
+    """CPU's nll_loss backward skips ignored targets, so their rows' gradient is +0.0,
+    and a mean over a batch whose targets are all ignored (a padding-only batch) has a
+    NaN loss but a zero gradient. tpu's gave NaN rows there (1 / total_weight = inf,
+    times an ignored row's weight 0) and -0.0 elsewhere."""
+    g = torch.Generator().manual_seed(0)
+    cases = [  # (scores, targets, class weights)
+        (torch.randn(3, 4, generator=g), torch.tensor([1, 1, 1]), None),
+        (torch.randn(3, 4, generator=g), torch.tensor([1, 0, 1]), None),
+        (torch.randn(3, 4, generator=g), torch.tensor([1, 1, 1]), torch.rand(4, generator=g)),
+        (torch.randn(4, generator=g), torch.tensor(1), None),
+        (torch.randn(2, 4, 3, 3, generator=g), torch.ones(2, 3, 3, dtype=torch.long), None),
+    ]
+    for scores, targets, weight in cases:
+        results = []
+        for device in ("cpu", "tpu"):
+            x = scores.detach().to(device).requires_grad_()
+            w = None if weight is None else weight.to(device)
+            loss = F.cross_entropy(
+                x, targets.to(device), w, ignore_index=1, reduction=reduction,
+                label_smoothing=label_smoothing,
+            )
+            loss.backward()
+            results.append((loss.detach().cpu(), x.grad.cpu()))
+        (cpu_loss, cpu_grad), (tpu_loss, tpu_grad) = results
+        torch.testing.assert_close(tpu_loss, cpu_loss, equal_nan=True)
+        torch.testing.assert_close(tpu_grad, cpu_grad)
+        assert torch.equal(tpu_grad.signbit(), cpu_grad.signbit()), (targets, weight)

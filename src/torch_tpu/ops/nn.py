@@ -703,12 +703,16 @@ def nll_loss_forward(self, target, weight, reduction, ignore_index):
 
 @lower("nll_loss_backward.default", "nll_loss2d_backward.default")
 def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    """An ignored target's row is left 0, as CPU's kernel skips it: with every target
+    ignored, a mean's 1 / total_weight is inf, and inf * 0 made the whole row NaN (a
+    batch of padding only poisoned the weights where CPU's gradient is 0)."""
     axis, safe, w = _nll_parts(self, target, weight, ignore_index)
     g = _up(grad_output)
     if reduction == _MEAN:
         g = g / _up(total_weight)
     classes = jnp.arange(self.shape[axis]).reshape((-1,) + (1,) * (self.ndim - axis - 1))
     hit = jnp.expand_dims(safe, axis) == classes
+    hit = hit & jnp.expand_dims(target != ignore_index, axis)
     return jnp.where(hit, jnp.expand_dims(-g * w, axis), 0)
 
 
