@@ -1,9 +1,8 @@
 """CTC loss (ops/ctc.py) against CPU: losses and gradients over padded and concatenated
 targets, repeated labels, empty targets and inputs, impossible alignments with and
-without zero_infinity, every reduction; CPU's refusals. The CPU fallback is disabled
-while tpu runs, so a call that left the lowering would raise."""
+without zero_infinity, every reduction; CPU's refusals. A test in which a tpu op ran
+on the CPU fallback fails (`no_cpu_fallback`)."""
 
-import contextlib
 import itertools
 
 import pytest
@@ -22,13 +21,7 @@ CASES = [
 ]
 
 
-@contextlib.contextmanager
-def _no_fallback():
-    torch.tpu.enable_cpu_fallback = False
-    try:
-        yield
-    finally:
-        torch.tpu.enable_cpu_fallback = True
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
 
 
 def _inputs(case, concatenated, blank, dtype, seed=0):
@@ -58,12 +51,11 @@ def test_loss_and_gradient_match_cpu(dtype, concatenated, reduction, zero_infini
         results = []
         for device in ("cpu", "tpu"):
             leaf = log_probs.detach().to(device).requires_grad_()
-            with _no_fallback() if device == "tpu" else contextlib.nullcontext():
-                loss = F.ctc_loss(
-                    leaf, labels.to(device), inputs, targets, blank=blank,
-                    reduction=reduction, zero_infinity=zero_infinity,
-                )
-                loss.backward(out_grad.to(device))
+            loss = F.ctc_loss(
+                leaf, labels.to(device), inputs, targets, blank=blank,
+                reduction=reduction, zero_infinity=zero_infinity,
+            )
+            loss.backward(out_grad.to(device))
             results.append((loss.detach().cpu(), leaf.grad.cpu()))
         (cpu_loss, cpu_grad), (tpu_loss, tpu_grad) = results
         torch.testing.assert_close(tpu_loss, cpu_loss, rtol=tolerance, atol=tolerance,
@@ -81,11 +73,10 @@ def test_backward_from_cpus_forward_outputs_matches_cpu():
     expected = torch.ops.aten._ctc_loss_backward(
         grad, log_probs, labels, inputs, targets, nll, alphas, 0, False
     )
-    with _no_fallback():
-        got = torch.ops.aten._ctc_loss_backward(
-            grad.to("tpu"), log_probs.to("tpu"), labels.to("tpu"), inputs, targets,
-            nll.to("tpu"), alphas.to("tpu"), 0, False,
-        )
+    got = torch.ops.aten._ctc_loss_backward(
+        grad.to("tpu"), log_probs.to("tpu"), labels.to("tpu"), inputs, targets,
+        nll.to("tpu"), alphas.to("tpu"), 0, False,
+    )
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-10, atol=1e-12)
 
 
@@ -93,8 +84,7 @@ def test_unbatched_input_matches_cpu():
     log_probs, labels, _, _ = _inputs(CASES[0], False, 0, torch.float32)
     args = (torch.tensor(12), torch.tensor(4))
     expected = F.ctc_loss(log_probs[:, 0], labels[0, :4], *args)
-    with _no_fallback():
-        got = F.ctc_loss(log_probs[:, 0].to("tpu"), labels[0, :4].to("tpu"), *args)
+    got = F.ctc_loss(log_probs[:, 0].to("tpu"), labels[0, :4].to("tpu"), *args)
     torch.testing.assert_close(got.cpu(), expected)
 
 

@@ -1,8 +1,7 @@
 """Antialiased resizing (ops/resize_aa.py) against CPU: forward in float32, float64 and
-uint8, gradients, scale factors, inf/NaN pixels, and CPU's dtype refusals. Every call
-runs with the CPU fallback disabled, so a call that left the lowering would raise."""
+uint8, gradients, scale factors, inf/NaN pixels, and CPU's dtype refusals. A test in
+which a tpu op ran on the CPU fallback fails (`no_cpu_fallback`)."""
 
-import contextlib
 
 import pytest
 import torch
@@ -19,13 +18,7 @@ RESIZES = [
 ]
 
 
-@contextlib.contextmanager
-def _no_fallback():
-    torch.tpu.enable_cpu_fallback = False
-    try:
-        yield
-    finally:
-        torch.tpu.enable_cpu_fallback = True
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
 
 
 def _aa_op(mode):
@@ -44,8 +37,7 @@ def test_forward_matches_cpu(mode, dtype, align_corners):
     for shape, size in RESIZES:
         x = _image(shape, dtype)
         expected = _aa_op(mode)(x, list(size), align_corners, None, None)
-        with _no_fallback():
-            got = _aa_op(mode)(x.to("tpu"), list(size), align_corners, None, None).cpu()
+        got = _aa_op(mode)(x.to("tpu"), list(size), align_corners, None, None).cpu()
         if dtype == torch.uint8:  # CPU's integer arithmetic, reproduced exactly
             assert torch.equal(got, expected), (shape, size)
         else:  # (float sums can round a few units apart: CPU contracts to FMAs)
@@ -64,9 +56,8 @@ def test_gradients_match_cpu(mode, dtype):
         grads = []
         for device in ("cpu", "tpu"):
             leaf = x.detach().to(device).requires_grad_()
-            with _no_fallback() if device == "tpu" else contextlib.nullcontext():
-                out = F.interpolate(leaf, size=size, mode=mode, antialias=True)
-                (out * weights.to(device)).sum().backward()
+            out = F.interpolate(leaf, size=size, mode=mode, antialias=True)
+            (out * weights.to(device)).sum().backward()
             grads.append(leaf.grad.cpu())
         torch.testing.assert_close(grads[1], grads[0], msg=str((shape, size)))
 
@@ -78,8 +69,7 @@ def test_scale_factors_match_cpu(mode):
     x = _image((1, 3, 40, 50), torch.float32)
     for factor in (0.37, (0.5, 1.7), 2.25):
         expected = F.interpolate(x, scale_factor=factor, mode=mode, antialias=True)
-        with _no_fallback():
-            got = F.interpolate(x.to("tpu"), scale_factor=factor, mode=mode, antialias=True)
+        got = F.interpolate(x.to("tpu"), scale_factor=factor, mode=mode, antialias=True)
         torch.testing.assert_close(got.cpu(), expected, rtol=1e-6, atol=1e-6)
 
 
@@ -91,8 +81,7 @@ def test_inf_and_nan_pixels_spread_as_on_cpu(mode):
     x[0, 0, 3, 5] = float("inf")
     x[0, 0, 11, 20] = float("nan")
     expected = F.interpolate(x, size=(5, 7), mode=mode, antialias=True)
-    with _no_fallback():
-        got = F.interpolate(x.to("tpu"), size=(5, 7), mode=mode, antialias=True).cpu()
+    got = F.interpolate(x.to("tpu"), size=(5, 7), mode=mode, antialias=True).cpu()
     assert torch.equal(got.isnan(), expected.isnan())
     assert torch.equal(got.isinf(), expected.isinf())
     finite = expected.isfinite()
