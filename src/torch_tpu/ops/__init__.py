@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     embedding_bag,
     factory,
     foreach,
+    fractional_pool,
     grid_sample,
     indexing,
     linalg,
