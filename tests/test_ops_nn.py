@@ -38,6 +38,7 @@ ACTIVATIONS = {
     "relu6": F.relu6,
     "hardswish": F.hardswish,
     "hardsigmoid": F.hardsigmoid,
+    "hardshrink": lambda x: F.hardshrink(x, 1.5),
     "softplus": lambda x: F.softplus(x, beta=2, threshold=3),
     "logsigmoid": F.logsigmoid,
     "glu": lambda x: F.glu(x, 0),

@@ -254,10 +254,11 @@ def softshrink(self, lambd=0.5):
     return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, x * 0))
 
 
-@lower("softshrink_backward.default")
+@lower("softshrink_backward.default", "hardshrink_backward.default")
 def softshrink_backward(grad_output, self, lambd):
     """Unlike the forward, CPU compares here in the input's own type: a bfloat16 input
-    equal to the rounded lambda gets no gradient."""
+    equal to the rounded lambda gets no gradient. (CPU's two shrink backwards are one
+    kernel: 0 inside [-lambd, lambd], the incoming gradient elsewhere, NaN included.)"""
     inside = (self >= -lambd) & (self <= lambd)
     return jnp.where(inside, jnp.zeros((), grad_output.dtype), grad_output)
 
