@@ -240,7 +240,16 @@ LOSSES = {
         x, t.argmax(1), p=2, margin=0.7, weight=torch.arange(1.0, 6, device=x.device),
         reduction="none",
     ),
+    # classes listed up to the first -1 (three per sample here), repeats allowed
+    "multilabel_margin": lambda x, t: F.multilabel_margin_loss(x, _labels(t)),
+    "multilabel_margin_none": lambda x, t: F.multilabel_margin_loss(
+        x, _labels(t), reduction="none"
+    ),
 }
+
+
+def _labels(t):
+    return torch.where(torch.arange(5, device=t.device) < 3, t.argsort(1) % 4, -1)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))

@@ -777,6 +777,38 @@ def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN)
     return _reduce(loss, reduction).astype(self.dtype)
 
 
+def _margin_grad_scale(grad, grad_output, reduction):
+    """CPU's margin-loss backwards: a per-element gradient already divided by the
+    classes (and the samples, for a mean), times the incoming gradient, per sample when
+    the loss was not reduced."""
+    g = _up(grad_output)
+    if reduction == 0 and g.ndim:
+        return grad * g.reshape(-1, 1)
+    return grad * g
+
+
+@lower("multi_margin_loss_backward.default", static_scalars=True)
+def multi_margin_loss_backward(
+    grad_output, self, target, p, margin, weight=None, reduction=_MEAN
+):
+    """CPU's formula: each other class d with a positive gap z gets 1 (p = 1) or 2 z
+    (p = 2), times weight[y], over the classes (and samples); the target class gets
+    minus their sum."""
+    x = _up(self).reshape(-1, self.shape[-1] if self.ndim else 1)
+    frames, classes = x.shape
+    y = target.reshape(-1, 1)
+    scale = 1.0 / (frames * classes) if reduction == _MEAN else 1.0 / classes
+    z = margin - jnp.take_along_axis(x, y, 1) + x
+    h = jnp.full(x.shape, scale, x.dtype) if p == 1 else 2 * x.dtype.type(scale) * z
+    if weight is not None:
+        h = h * jnp.take(_up(weight).reshape(-1), y)
+    other = jnp.arange(classes) != y
+    h = jnp.where(other & (z > 0), h, 0)
+    grad = jnp.where(other, h, -jnp.sum(h, 1, keepdims=True))
+    grad = _margin_grad_scale(grad, grad_output, reduction)
+    return grad.reshape(self.shape).astype(self.dtype)
+
+
 def _check_multilabel_margin_loss(values: list) -> None:
     """CPU's checks (the meta kernel is skipped, see the lowering)."""
     self, target = values[0], values[1]
@@ -817,6 +849,31 @@ def multilabel_margin_loss_forward(self, target, reduction):
         loss = loss.reshape(())
     loss = _reduce(loss, reduction).astype(self.dtype)
     return loss, is_target.astype(self.dtype).reshape(target.shape)
+
+
+@lower("multilabel_margin_loss_backward.default")
+def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
+    """CPU's formula: for each listed target t and each class d not a target (the given
+    is_target) with 1 - x[t] + x[d] > 0, d gains and t loses one step of 1 / classes
+    (of samples x classes for a mean)."""
+    classes = self.shape[-1] if self.ndim else 1
+    x = _up(self).reshape(-1, classes)
+    y = target.reshape(x.shape)
+    frames = x.shape[0]
+    scale = 1.0 / (frames * classes) if reduction == _MEAN else 1.0 / classes
+    listed = jnp.cumprod(y >= 0, axis=1).astype(jnp.bool_)
+    safe = jnp.where(listed, y, 0)
+    targets = is_target.reshape(x.shape) != 0
+    picked = jnp.take_along_axis(x, safe, 1)
+    active = listed[:, :, None] & ~targets[:, None, :]
+    active = active & (1 - picked[:, :, None] + x[:, None, :] > 0)  # [N, listed, d]
+    step = x.dtype.type(scale)
+    gained = jnp.sum(active, 1).astype(x.dtype) * step
+    lost = jnp.sum(active, 2).astype(x.dtype) * step  # per listed slot
+    rows = jnp.arange(frames)[:, None]
+    grad = gained.at[rows, safe].add(jnp.where(listed, -lost, 0))
+    grad = _margin_grad_scale(grad, grad_output, reduction)
+    return grad.reshape(self.shape).astype(self.dtype)
 
 
 @lower("mse_loss.default")
