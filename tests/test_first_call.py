@@ -127,14 +127,23 @@ def test_whole_storage_reads_need_no_program_and_match_cpu(dtype, programs_asked
     assert "read" not in programs_asked_for
 
 
-def test_partial_views_still_read_through_a_program(programs_asked_for, monkeypatch):
+def test_partial_views_read_through_a_program_unless_the_storage_is_tiny(
+    programs_asked_for, monkeypatch
+):
+    """A part of a storage larger than strided.HOST_READ_WHOLE_ELEMENTS is read by a
+    program (the rest of the storage never moves); any view of a smaller one is read
+    whole and sliced on the host, with no program to compile."""
     monkeypatch.setattr(executor, "_READERS", {})  # readers made by earlier tests forgotten
-    base = torch.randn(6, 5)
-    t = base.to("tpu")
-    views = (lambda x: x[2:4], lambda x: x[:, 1], lambda x: x.expand(2, 6, 5), lambda x: x[1, 1])
-    for view in views:
-        assert torch.equal(view(t).cpu(), view(base))
-    assert programs_asked_for.count("read") == len(views)
+    views = (
+        lambda x: x[2:4], lambda x: x[:, 1], lambda x: x.expand(2, *x.shape), lambda x: x[1, 1]
+    )
+    for rows, reads in ((16, len(views)), (6, 0)):  # 80 elements, then 30
+        base = torch.randn(rows, 5)
+        t = base.to("tpu")
+        programs_asked_for.clear()
+        for view in views:
+            assert torch.equal(view(t).cpu(), view(base))
+        assert programs_asked_for.count("read") == reads
 
 
 def test_a_read_copy_does_not_alias_the_device_buffer():
