@@ -777,6 +777,22 @@ def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN)
     return _reduce(loss, reduction).astype(self.dtype)
 
 
+def _margin_step(x, reduction):
+    """CPU's margin-loss backwards' unit gradient, in x's type: one over the classes of
+    x [samples, classes], and over the samples too for a mean."""
+    samples, classes = x.shape
+    return x.dtype.type(1.0 / (samples * classes) if reduction == _MEAN else 1.0 / classes)
+
+
+def _listed_targets(target, shape):
+    """(listed, safe) for a multilabel target of `shape` [samples, classes]: which slots
+    list a class (those before the first negative entry), and the slots' classes with
+    the unlisted ones at 0 (safe to gather)."""
+    y = target.reshape(shape)
+    listed = jnp.cumprod(y >= 0, axis=1).astype(jnp.bool_)
+    return listed, jnp.where(listed, y, 0)
+
+
 def _margin_grad_scale(grad, grad_output, reduction):
     """CPU's margin-loss backwards: a per-element gradient already divided by the
     classes (and the samples, for a mean), times the incoming gradient, per sample when
@@ -795,14 +811,13 @@ def multi_margin_loss_backward(
     (p = 2), times weight[y], over the classes (and samples); the target class gets
     minus their sum."""
     x = _up(self).reshape(-1, self.shape[-1] if self.ndim else 1)
-    frames, classes = x.shape
     y = target.reshape(-1, 1)
-    scale = 1.0 / (frames * classes) if reduction == _MEAN else 1.0 / classes
+    step = _margin_step(x, reduction)
     z = margin - jnp.take_along_axis(x, y, 1) + x
-    h = jnp.full(x.shape, scale, x.dtype) if p == 1 else 2 * x.dtype.type(scale) * z
+    h = jnp.full(x.shape, step, x.dtype) if p == 1 else 2 * step * z
     if weight is not None:
         h = h * jnp.take(_up(weight).reshape(-1), y)
-    other = jnp.arange(classes) != y
+    other = jnp.arange(x.shape[1]) != y
     h = jnp.where(other & (z > 0), h, 0)
     grad = jnp.where(other, h, -jnp.sum(h, 1, keepdims=True))
     grad = _margin_grad_scale(grad, grad_output, reduction)
@@ -836,9 +851,7 @@ def multilabel_margin_loss_forward(self, target, reduction):
     (1,) where CPU gives ()."""
     classes = self.shape[-1] if self.ndim else 1
     x = _up(self).reshape(-1, classes)
-    y = target.reshape(x.shape)
-    listed = jnp.cumprod(y >= 0, axis=1).astype(jnp.bool_)
-    safe = jnp.where(listed, y, 0)
+    listed, safe = _listed_targets(target, x.shape)
     rows = jnp.arange(x.shape[0])[:, None]
     is_target = jnp.zeros(x.shape, jnp.int32).at[rows, safe].add(listed.astype(jnp.int32)) > 0
     picked = jnp.take_along_axis(x, safe, 1)
@@ -856,21 +869,16 @@ def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_tar
     """CPU's formula: for each listed target t and each class d not a target (the given
     is_target) with 1 - x[t] + x[d] > 0, d gains and t loses one step of 1 / classes
     (of samples x classes for a mean)."""
-    classes = self.shape[-1] if self.ndim else 1
-    x = _up(self).reshape(-1, classes)
-    y = target.reshape(x.shape)
-    frames = x.shape[0]
-    scale = 1.0 / (frames * classes) if reduction == _MEAN else 1.0 / classes
-    listed = jnp.cumprod(y >= 0, axis=1).astype(jnp.bool_)
-    safe = jnp.where(listed, y, 0)
+    x = _up(self).reshape(-1, self.shape[-1] if self.ndim else 1)
+    listed, safe = _listed_targets(target, x.shape)
     targets = is_target.reshape(x.shape) != 0
     picked = jnp.take_along_axis(x, safe, 1)
     active = listed[:, :, None] & ~targets[:, None, :]
     active = active & (1 - picked[:, :, None] + x[:, None, :] > 0)  # [N, listed, d]
-    step = x.dtype.type(scale)
+    step = _margin_step(x, reduction)
     gained = jnp.sum(active, 1).astype(x.dtype) * step
     lost = jnp.sum(active, 2).astype(x.dtype) * step  # per listed slot
-    rows = jnp.arange(frames)[:, None]
+    rows = jnp.arange(x.shape[0])[:, None]
     grad = gained.at[rows, safe].add(jnp.where(listed, -lost, 0))
     grad = _margin_grad_scale(grad, grad_output, reduction)
     return grad.reshape(self.shape).astype(self.dtype)
