@@ -974,3 +974,33 @@ def test_complex_to_real_casts_warn_and_convert_as_on_cpu(dtype):
     assert DeprecationWarning not in categories
     if dtype is not torch.bool:
         assert any("discards the imaginary part" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_frexp_matches_cpu_on_subnormals_and_specials(dtype):
+    """CPU's frexp gives a subnormal its true exponent (-132 for float32 1e-40); XLA's
+    flushed it (frexp ran on the CPU fallback). Zeros, infinities and NaN keep their
+    value with exponent 0. Every subnormal bit pattern up to 299 is compared, and the
+    out= form."""
+    tiny = torch.finfo(dtype).tiny
+    special = torch.tensor(
+        [0.0, -0.0, 1.0, -3.5, tiny, -tiny / 3, float("inf"), -float("inf"), float("nan")],
+        dtype=torch.float64,
+    ).to(dtype)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    subnormals = torch.arange(1, 300, dtype=bits).view(dtype)
+    scaled = torch.randn(200, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    scaled = scaled * 10.0 ** torch.arange(-30, 30, 0.3, dtype=torch.float64)[:200]
+    x = torch.cat([special, -subnormals, subnormals, scaled.to(dtype)])
+    mantissa, exponent = torch.frexp(x)
+    got_mantissa, got_exponent = torch.frexp(x.to("tpu"))
+    assert got_exponent.dtype == torch.int32
+    assert torch.equal(got_exponent.cpu(), exponent)
+    torch.testing.assert_close(got_mantissa.cpu(), mantissa, rtol=0, atol=0, equal_nan=True)
+    finite = mantissa.isfinite()
+    assert torch.equal(got_mantissa.cpu()[finite].signbit(), mantissa[finite].signbit())
+    out = (torch.empty(0, dtype=dtype, device="tpu"), torch.empty(0, device="tpu").int())
+    torch.frexp(x.to("tpu"), out=out)
+    assert torch.equal(out[1].cpu(), exponent)
+    with pytest.raises(RuntimeError, match="only supports floating-point"):
+        torch.frexp(torch.arange(3, device="tpu"))

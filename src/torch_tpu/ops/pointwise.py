@@ -1132,3 +1132,40 @@ def complex_(real, imag):
 @lower("polar.default", check=_check_complex_parts)
 def polar(abs, angle):
     return lax.complex(*jnp.broadcast_arrays(abs * jnp.cos(angle), abs * jnp.sin(angle)))
+
+
+# float dtype -> (bits as unsigned, exponent bits, mantissa bits)
+_FLOAT_LAYOUTS = {
+    jnp.dtype(jnp.float16): (jnp.uint16, 5, 10),
+    jnp.dtype(jnp.bfloat16): (jnp.uint16, 8, 7),
+    jnp.dtype(jnp.float32): (jnp.uint32, 8, 23),
+    jnp.dtype(jnp.float64): (jnp.uint64, 11, 52),
+}
+
+
+@lower("frexp.Tensor")
+def frexp(self):
+    """(mantissa in [0.5, 1) with the sign, int32 exponent), CPU's: zeros, infinities
+    and NaN keep their value with exponent 0. Worked on the bits, so subnormals get
+    their true exponent (-132 for float32 1e-40) where XLA:CPU flushes them to zero
+    (the reason it ran on the CPU fallback)."""
+    unsigned, exponent_bits, mantissa_bits = _FLOAT_LAYOUTS[jnp.dtype(self.dtype)]
+    width = jnp.iinfo(unsigned).bits
+    bits = lax.bitcast_convert_type(self, unsigned)
+    one = unsigned(1)
+    mantissa_mask = unsigned((1 << mantissa_bits) - 1)
+    biased = ((bits >> mantissa_bits) & unsigned((1 << exponent_bits) - 1)).astype(jnp.int32)
+    fraction = bits & mantissa_mask
+    sign = bits & (one << unsigned(width - 1))
+    bias = (1 << (exponent_bits - 1)) - 1
+    special = (biased == (1 << exponent_bits) - 1) | ((biased == 0) & (fraction == 0))
+    # a subnormal's highest set bit p: its value is 2^(p + 2 - bias - mantissa_bits) times a
+    # mantissa in [0.5, 1) made of the bits below p
+    top = (width - 1 - lax.clz(fraction)).astype(jnp.int32)
+    subnormal = (biased == 0) & (fraction != 0)
+    shift = jnp.where(subnormal, mantissa_bits - top, 0).astype(unsigned)
+    fraction = jnp.where(subnormal, (fraction << shift) & mantissa_mask, fraction)
+    exponent = jnp.where(subnormal, top + 2 - bias - mantissa_bits, biased - (bias - 1))
+    half = unsigned(bias - 1) << unsigned(mantissa_bits)  # the exponent field of [0.5, 1)
+    mantissa = lax.bitcast_convert_type(sign | half | fraction, self.dtype)
+    return jnp.where(special, self, mantissa), jnp.where(special, 0, exponent).astype(jnp.int32)
