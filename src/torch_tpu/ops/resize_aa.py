@@ -18,6 +18,7 @@ import functools
 
 import jax.numpy as jnp
 import numpy as np
+import torch
 
 from .. import dtypes
 from .nn import _cubic_far, _cubic_near, _source_scale, _vjp
@@ -147,11 +148,11 @@ def _resize(mode: str, x, output_size, align_corners: bool, scales):
 def _check_dtype(name: str, uint8: bool):
     """CPU's kernels take float32 and float64 (and uint8 images forward); refuse the
     rest in its words."""
-    allowed = {"torch.float32", "torch.float64"} | ({"torch.uint8"} if uint8 else set())
+    allowed = {torch.float32, torch.float64} | ({torch.uint8} if uint8 else set())
 
     def check(values: list) -> bool:
         dtype = values[0].dtype
-        if str(dtype) not in allowed:
+        if dtype not in allowed:
             raise NotImplementedError(f"\"{name}\" not implemented for '{scalar_type_name(dtype)}'")
         return False  # (the dtype is part of the key)
 
