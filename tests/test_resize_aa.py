@@ -1,6 +1,7 @@
 """Antialiased resizing (ops/resize_aa.py) against CPU: forward in float32, float64 and
-uint8, gradients, scale factors, inf/NaN pixels, and CPU's dtype refusals. A test in
-which a tpu op ran on the CPU fallback fails (`no_cpu_fallback`)."""
+uint8, gradients, scale factors, inf/NaN pixels, half images (computed, as CUDA) and
+CPU's refusals of integers. A test in which a tpu op ran on the CPU fallback fails
+(`no_cpu_fallback`)."""
 
 
 import pytest
@@ -89,7 +90,7 @@ def test_inf_and_nan_pixels_spread_as_on_cpu(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
 def test_refuses_dtypes_cpu_refuses(mode, dtype):
     x = _image((1, 1, 8, 8), dtype)
     with pytest.raises(NotImplementedError) as on_cpu:
@@ -97,11 +98,21 @@ def test_refuses_dtypes_cpu_refuses(mode, dtype):
     with pytest.raises(NotImplementedError) as on_tpu:
         _aa_op(mode)(x.to("tpu"), [3, 3], False, None, None)
     assert str(on_tpu.value) == str(on_cpu.value)
-    if dtype.is_floating_point:
-        backward = getattr(torch.ops.aten, f"_upsample_{mode}2d_aa_backward")
-        grad = torch.ones(1, 1, 3, 3, dtype=dtype)
-        with pytest.raises(NotImplementedError) as on_cpu:
-            backward(grad, [3, 3], [1, 1, 8, 8], False, None, None)
-        with pytest.raises(NotImplementedError) as on_tpu:
-            backward(grad.to("tpu"), [3, 3], [1, 1, 8, 8], False, None, None)
-        assert str(on_tpu.value) == str(on_cpu.value)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_images_resize_as_cpus_float32_rounded(mode, dtype):
+    """CPU has no half kernel (CUDA has, computing in float32): tpu resizes half images
+    in float32 and rounds, forward and backward (docs/differences.md)."""
+    x = _image((1, 2, 24, 20), torch.float32).to(dtype)
+    expected = F.interpolate(x.float(), size=(7, 9), mode=mode, antialias=True).to(dtype)
+    leaf = x.to("tpu").requires_grad_()
+    got = F.interpolate(leaf, size=(7, 9), mode=mode, antialias=True)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.cpu(), expected)
+    got.sum().backward()
+    assert leaf.grad.dtype == dtype
+    reference = x.float().requires_grad_()
+    F.interpolate(reference, size=(7, 9), mode=mode, antialias=True).sum().backward()
+    torch.testing.assert_close(leaf.grad.cpu(), reference.grad.to(dtype))

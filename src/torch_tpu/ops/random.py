@@ -389,9 +389,9 @@ def binomial(key, count, prob, generator=None):
 
 
 def _check_rrelu(values: list) -> bool:
-    """CPU's refusals: a noise of another shape; in training its kernel takes float32,
-    float64 and bfloat16 with a noise of the same dtype and lower <= upper; in eval it is
-    leaky_relu's."""
+    """CPU's refusals: a noise of another shape; in training a non-float input, a noise
+    of another dtype, lower > upper; in eval leaky_relu's. (float16 in training, which
+    CPU's kernel lacks and CUDA's has, is computed: docs/differences.md.)"""
     self, noise, lower, upper, training = values[:5]
     name = scalar_type_name(self.dtype)
     if noise.shape != self.shape:
@@ -403,7 +403,7 @@ def _check_rrelu(values: list) -> bool:
         if not self.is_floating_point():
             raise NotImplementedError(f"\"leaky_relu_cpu\" not implemented for '{name}'")
         return False
-    if not self.is_floating_point() or self.dtype == torch.float16:
+    if not self.is_floating_point():  # (float16, which CPU refuses, CUDA computes: so do we)
         raise NotImplementedError(f"\"rrelu_with_noise_out_cpu\" not implemented for '{name}'")
     if noise.dtype != self.dtype:
         raise RuntimeError(

@@ -18,11 +18,9 @@ import functools
 
 import jax.numpy as jnp
 import numpy as np
-import torch
 
 from .. import dtypes
 from .nn import _cubic_far, _cubic_near, _source_scale, _vjp
-from .pointwise import scalar_type_name
 from .registry import lower
 
 _PI32 = np.float32(np.pi)
@@ -126,11 +124,13 @@ def _resize_axis(x, axis: int, first, weights, used, integer_precision=None):
 
 def _resize(mode: str, x, output_size, align_corners: bool, scales):
     """The forward: the last axis first, then the one before, each only if its size
-    changes (CPU's order; a uint8 image is rounded back to uint8 after each pass)."""
+    changes (CPU's order; a uint8 image is rounded back to uint8 after each pass). A
+    float16/bfloat16 image, which CPU refuses and CUDA resizes in float32, is resized in
+    float32 (docs/differences.md: half kernels CPU lacks are computed)."""
     integer = x.dtype == jnp.uint8
+    given = x.dtype
     dtype = np.float64 if integer else dtypes.opmath_float(x.dtype).type
-    if integer:
-        x = x.astype(jnp.int32)
+    x = x.astype(jnp.int32 if integer else dtype)
     n = len(output_size)
     for axis, out, scale in reversed(list(zip(range(x.ndim - n, x.ndim), output_size, scales))):
         size = x.shape[axis]
@@ -142,33 +142,17 @@ def _resize(mode: str, x, output_size, align_corners: bool, scales):
             x = _resize_axis(x, axis, first, weights, used, precision)
         else:
             x = _resize_axis(x, axis, first, weights, used)
-    return x.astype(jnp.uint8) if integer else x
-
-
-def _check_dtype(name: str, uint8: bool):
-    """CPU's kernels take float32 and float64 (and uint8 images forward); refuse the
-    rest in its words."""
-    allowed = {torch.float32, torch.float64} | ({torch.uint8} if uint8 else set())
-
-    def check(values: list) -> bool:
-        dtype = values[0].dtype
-        if dtype not in allowed:
-            raise NotImplementedError(f"\"{name}\" not implemented for '{scalar_type_name(dtype)}'")
-        return False  # (the dtype is part of the key)
-
-    return check
+    return x.astype(given)
 
 
 def _register(mode: str) -> None:
     op = f"_upsample_{mode}2d_aa"
 
-    @lower(f"{op}.default", check=_check_dtype("compute_index_ranges_weights", uint8=True))
+    @lower(f"{op}.default")
     def forward(self, output_size, align_corners, scales_h=None, scales_w=None):
         return _resize(mode, self, tuple(output_size), align_corners, (scales_h, scales_w))
 
-    backward_check = _check_dtype(f"upsample_{mode}2d_aa_backward_cpu", uint8=False)
-
-    @lower(f"{op}_backward.default", check=backward_check)
+    @lower(f"{op}_backward.default")
     def backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
         zeros = jnp.zeros(tuple(input_size), grad_output.dtype)
         scales = (scales_h, scales_w)
@@ -176,7 +160,7 @@ def _register(mode: str) -> None:
             lambda x: _resize(mode, x, tuple(output_size), align_corners, scales),
             zeros,
             grad_output,
-        )
+        ).astype(grad_output.dtype)
 
 
 for _mode in _FILTERS:
