@@ -19,6 +19,8 @@ import torch
 from torch.testing._internal.common_modules import module_db
 from torch.testing._internal.common_utils import freeze_rng_state
 
+from torch_tpu.engine.arguments import tensors
+
 CI_INPUTS = 3
 # Modules whose outputs are random draws (tpu's stream is not CPU's: docs/differences.md)
 _RANDOM = ("Dropout", "RReLU", "FractionalMaxPool")
@@ -40,17 +42,6 @@ def _to(obj, device: str):
     return obj
 
 
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)
-
-
 def _check_module_input(info, module_input, dtype, training: bool) -> None:
     with freeze_rng_state():
         args, kwargs = module_input.constructor_input.args, module_input.constructor_input.kwargs
@@ -63,8 +54,8 @@ def _check_module_input(info, module_input, dtype, training: bool) -> None:
             cpu_module.initialize_parameters(*cpu_args, **cpu_kwargs)
     tpu_module = copy.deepcopy(cpu_module).to("tpu")
     tpu_args, tpu_kwargs = _to(args, "tpu"), _to(kwargs, "tpu")
-    cpu_out = list(_tensors(cpu_module(*cpu_args, **cpu_kwargs)))
-    tpu_out = list(_tensors(tpu_module(*tpu_args, **tpu_kwargs)))
+    cpu_out = list(tensors(cpu_module(*cpu_args, **cpu_kwargs)))
+    tpu_out = list(tensors(tpu_module(*tpu_args, **tpu_kwargs)))
     tolerance = _TOLERANCE[dtype]
     assert len(tpu_out) == len(cpu_out)
     for c, t in zip(cpu_out, tpu_out):
@@ -77,7 +68,7 @@ def _check_module_input(info, module_input, dtype, training: bool) -> None:
     grads = [torch.randn(c.shape, dtype=c.dtype, generator=g) for c, _ in pairs]
     torch.autograd.backward([c for c, _ in pairs], grads)
     torch.autograd.backward([t for _, t in pairs], [x.to("tpu") for x in grads])
-    leaves = list(zip(_tensors(cpu_args), _tensors(tpu_args)))
+    leaves = list(zip(tensors(cpu_args), tensors(tpu_args)))
     leaves += list(zip(cpu_module.parameters(), tpu_module.parameters()))
     for c, t in leaves:
         assert (c.grad is None) == (t.grad is None)
