@@ -101,6 +101,20 @@ def test_trace_and_cross():
     assert_same_grad(torch.linalg.cross, x, y, **F32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_cross_rounds_each_product_as_cpu(dtype):
+    """CPU rounds each product of a half-precision cross product to the half type before
+    subtracting (in float32); XLA computed it all in float32 and rounded once, so a
+    quarter of float16 results differed, by up to 8 units at a cancellation. Bit-equal
+    now, overflow to inf included."""
+    torch.manual_seed(0)
+    x, y = (torch.randn(3000, 3) * 3).to(dtype), (torch.randn(3000, 3) * 3).to(dtype)
+    assert torch.equal(torch.linalg.cross(x.to("tpu"), y.to("tpu")).cpu(), torch.linalg.cross(x, y))
+    big = torch.tensor([[6e4, 2.0, 1.0]], dtype=dtype), torch.tensor([[1.0, 6e4, 3.0]], dtype=dtype)
+    expected = torch.linalg.cross(*big)
+    assert torch.equal(torch.linalg.cross(*(t.to("tpu") for t in big)).cpu(), expected)
+
+
 def test_kron_and_outer():
     a, b = torch.randn(2, 3), torch.randn(3, 2)
     assert_same(torch.kron, a, b)

@@ -109,7 +109,19 @@ def linalg_cross(self, other, dim=-1):
     def rolled(x, order):
         return jnp.take(x, jnp.array(order), axis=dim)
 
-    return rolled(a, (1, 2, 0)) * rolled(b, (2, 0, 1)) - rolled(a, (2, 0, 1)) * rolled(b, (1, 2, 0))
+    first = rolled(a, (1, 2, 0)), rolled(b, (2, 0, 1))
+    second = rolled(a, (2, 0, 1)), rolled(b, (1, 2, 0))
+    if self.dtype not in (jnp.float16, jnp.bfloat16):
+        return first[0] * first[1] - second[0] * second[1]
+    # CPU's kernel rounds each product to the half type, then subtracts in float32 and
+    # rounds again; XLA would compute it all in float32 and round once
+    info = jnp.finfo(self.dtype)
+
+    def product(x, y):
+        xy = x.astype(jnp.float32) * y.astype(jnp.float32)
+        return jax.lax.reduce_precision(xy, info.nexp, info.nmant)
+
+    return (product(*first) - product(*second)).astype(self.dtype)
 
 
 # ----------------------------------------------------------- LU and solvers
