@@ -866,3 +866,82 @@ def test_decomposed_out_of_another_dtype_is_refused_as_cpu(call, values_dtype, e
         return out
 
     assert_same_outcome(run)
+
+
+# ------------------------------------------- checks that depend on a number's value
+
+# (name, call(x, number), x, a number CPU accepts, one it refuses). Each call is made
+# with the good number first: a repeat call with another number skips the meta kernel
+# and the key (the number is passed at run time), so its check must run at every call.
+_VALUE_CHECKED = [
+    ("pow", lambda x, v: torch.pow(x, v), torch.tensor([1, -2, 3]), 2, -1),
+    ("pow_", lambda x, v: x.clone().pow_(v), torch.tensor([1, -2, 3]), 2, -1),
+    ("floor_divide", lambda x, v: x // v, torch.tensor([7, -5]), 3, 0),
+    ("floor_divide_", lambda x, v: x.clone().floor_divide_(v), torch.tensor([7, -5]), 3, 0),
+    ("remainder", lambda x, v: x % v, torch.tensor([7, -5]), 3, 0),
+    ("fmod", lambda x, v: torch.fmod(x, v), torch.tensor([7, -5]), 3, 0),
+    ("div trunc", lambda x, v: torch.div(x, v, rounding_mode="trunc"), torch.tensor([7, -5]), 3, 0),
+    ("div floor", lambda x, v: torch.div(x, v, rounding_mode="floor"), torch.tensor([7, -5]), 3, 0),
+    ("clamp int8", lambda x, v: x.clamp(max=v), torch.tensor([1, 2], dtype=torch.int8), 5, 1000),
+    ("clamp_min uint8", lambda x, v: x.clamp_min(v), torch.tensor([1, 2], dtype=torch.uint8),
+     3, 300),
+    ("clamp_ int16", lambda x, v: x.clone().clamp_(v, 9), torch.tensor([1, 2], dtype=torch.int16),
+     0, -40000),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("call", "x", "good", "bad"),
+    [c[1:] for c in _VALUE_CHECKED],
+    ids=[c[0] for c in _VALUE_CHECKED],
+)
+def test_number_values_are_checked_at_every_call(eager_mode, call, x, good, bad):
+    """An integer division by a zero number (CPU: ZeroDivisionError), an integer tensor to
+    a negative integer power, an integer bound beyond an int8/int16/int32/uint8 tensor's
+    type: tpu answered [1, 0, 0], -2, wrapped bounds, at the first call or after a call
+    with a good number."""
+
+    def good_then_bad(device):
+        t = x.to(device)
+        torch.testing.assert_close(call(t, good).cpu(), call(x, good))
+        return call(t, bad)
+
+    assert_same_error(good_then_bad)
+    assert_same_error(lambda d: call(x.to(d), bad))
+
+
+def test_numbers_near_the_checked_values_still_compute(eager_mode):
+    """The checks refuse only what CPU refuses: a uint8 bound of -1 wraps (c10's
+    conversion takes negatives down to -255), float bounds promote, a float tensor divides
+    by zero, an integer tensor divides by a float zero into floats."""
+    x, u = torch.tensor([7, -5], dtype=torch.int8), torch.tensor([3, 250], dtype=torch.uint8)
+    for fn in (
+        lambda d: u.to(d).clamp(max=-1),
+        lambda d: x.to(d).clamp(max=1000.5),
+        lambda d: x.to(d).float() // 0,
+        lambda d: x.to(d) // 0.0,
+        lambda d: torch.fmod(x.to(d), 0.0),
+        lambda d: torch.pow(x.to(d), 0),
+    ):
+        assert_same_outcome(fn)
+
+
+@pytest.mark.parametrize("op", ["floor_divide_", "pow_"])
+def test_in_place_ops_do_not_resize_their_input_to_broadcast(eager_mode, op):
+    """floor_divide_ and pow_ with a tensor argument ran PyTorch's decomposition, which
+    resized a (5, 1) input to the broadcast (5, 5) with a warning; CPU refuses."""
+
+    def call(device):
+        x = torch.arange(1.0, 6.0, device=device).reshape(5, 1)
+        return getattr(x, op)(torch.arange(1.0, 26.0, device=device).reshape(5, 5))
+
+    assert_same_error(call)
+
+
+def test_nan_to_num_replaces_by_the_input_value_class():
+    """A NaN replaced by a number beyond float16 is inf on CPU; tpu replaced that inf
+    again, as if it had been an input inf, giving 65504."""
+    x = torch.tensor([0.2, float("nan"), float("inf"), -float("inf")], dtype=torch.float16)
+    for kwargs in ({"nan": 1e6}, {"nan": 1e6, "posinf": 7.0}, {"neginf": -1e6}, {}):
+        expected = torch.nan_to_num(x, **kwargs)
+        assert torch.equal(torch.nan_to_num(x.to("tpu"), **kwargs).cpu(), expected), kwargs

@@ -208,9 +208,12 @@ def _register_variants(name: str, op, lowering: Lowering) -> None:
     functional = op._schema
     signature = [(a.name, str(a.type)) for a in functional.arguments]
     candidates = []
+    # (every in-place overload whose arguments are the functional's: floor_divide_.Tensor
+    # is floor_divide.default's, under another overload name; the signature check below
+    # keeps the others out)
     inplace_packet = getattr(torch.ops.aten, packet_name + "_", None)
-    if inplace_packet is not None and ovl in inplace_packet.overloads():
-        candidates.append(f"{packet_name}_.{ovl}")
+    if inplace_packet is not None:
+        candidates += [f"{packet_name}_.{other}" for other in inplace_packet.overloads()]
     packet = getattr(torch.ops.aten, packet_name)
     for other in packet.overloads():
         if other != ovl:

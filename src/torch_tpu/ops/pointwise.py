@@ -273,22 +273,58 @@ def _rounding_division(fn):
     return lowering
 
 
+def _host_number(value):
+    """A divisor or exponent given on the host (a Python number, or the 0-d CPU tensor
+    PyTorch wraps one in) as a Python number; None for a device tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.device.type == "cpu" and value.dim() == 0 else None
+    return value
+
+
+def _check_integer_division(values: list) -> bool:
+    """CPU raises for an integer division by zero. A divisor on the host is judged at
+    every call (a repeat call with another number skips the meta kernel and the key);
+    zeros in a divisor on the device divide as XLA does (docs/differences.md)."""
+    self, other = values[0], values[1]
+    if not isinstance(self, torch.Tensor) or self.is_floating_point() or self.is_complex():
+        return False
+    if isinstance(other, torch.Tensor) and (other.is_floating_point() or other.is_complex()):
+        return False
+    divisor = _host_number(other)
+    if divisor is None or isinstance(divisor, (float, complex)):
+        return False
+    if divisor == 0:
+        raise RuntimeError("ZeroDivisionError")
+    return True
+
+
+def _check_rounded_division(values: list) -> bool:
+    """div with a rounding mode divides integers as floor_divide does; true division
+    gives floats."""
+    return len(values) > 2 and values[2] is not None and _check_integer_division(values)
+
+
 _ROUNDED_DIVISIONS = {
     "trunc": _rounding_division(_trunc_divide),
     "floor": _rounding_division(_floor_divide),
 }
 
 
-@lower("div.Tensor_mode", "div.Scalar_mode")
+@lower("div.Tensor_mode", "div.Scalar_mode", check=_check_rounded_division)
 def div_mode(self, other, rounding_mode=None):
     if rounding_mode is None:
         return jnp.true_divide(*_cast(Promo.INT_TO_FLOAT, self, other, exact_other=True))
     return _ROUNDED_DIVISIONS[rounding_mode](self, other)
 
 
-lower("floor_divide.default", "floor_divide.Scalar")(_ROUNDED_DIVISIONS["floor"])
-lower("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")(_binary(jnp.remainder))
-lower("fmod.Tensor", "fmod.Scalar")(_binary(jnp.fmod))
+lower("floor_divide.default", "floor_divide.Scalar", check=_check_integer_division)(
+    _ROUNDED_DIVISIONS["floor"]
+)
+lower("remainder.Tensor", "remainder.Scalar", check=_check_integer_division)(
+    _binary(jnp.remainder)
+)
+lower("remainder.Scalar_Tensor")(_binary(jnp.remainder))
+lower("fmod.Tensor", "fmod.Scalar", check=_check_integer_division)(_binary(jnp.fmod))
 
 
 def _int_power(base, exponent):
@@ -327,7 +363,19 @@ def _complex_power(base, exponent):
 lower("pow.Tensor_Tensor", "pow.Scalar")(_binary(_power))
 
 
-@lower("pow.Tensor_Scalar")
+def _check_integer_power(values: list) -> bool:
+    """CPU's refusal of an integer tensor to a negative integer power, judged at every
+    call: PyTorch's meta kernel says it at the first call only, and a repeat call with
+    another exponent skips it (pow(x, 2) then pow(x, -1) gave [1, 0, 0])."""
+    self, exponent = values[0], values[1]
+    if self.is_floating_point() or self.is_complex() or isinstance(exponent, (float, complex)):
+        return False
+    if exponent < 0:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    return True
+
+
+@lower("pow.Tensor_Scalar", check=_check_integer_power)
 def pow_scalar(self, exponent):
     """CPU's pow(tensor, number) takes sqrt for 0.5 and 1/sqrt for -0.5 (as CUDA):
     pow(-inf, 0.5) is NaN and pow(-0.0, 0.5) is -0.0 there, inf and 0.0 in C's pow.
@@ -966,24 +1014,49 @@ lower("fmax.default")(_binary(jnp.fmax, Promo.NO_OPMATH))
 _COMPLEX_CLAMP = "clamp is not supported for complex types"
 
 
-def _check_clamp(values: list) -> None:
+# CPU's names of the integer types it converts number bounds to (c10's checked_convert)
+_C_INTEGER_TYPES = {
+    torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int", torch.uint8: "uint8_t"
+}  # fmt: skip
+
+
+def _check_integer_bounds(self: torch.Tensor, bounds: list) -> bool:
+    """CPU converts integer bounds to an integer tensor's dtype, refusing those beyond
+    it (clamp(int8, max=1000)); tpu wrapped them. Judged at every call for the dtypes
+    narrower than int64 (the bound's value is not part of the key). An unsigned type
+    takes negatives down to -max, which wrap, as in c10's checked conversion."""
+    name = _C_INTEGER_TYPES.get(self.dtype)
+    if name is None:
+        return False
+    info = torch.iinfo(self.dtype)
+    low = -info.max if info.min == 0 else info.min
+    for bound in bounds:
+        if type(bound) is int and not low <= bound <= info.max:
+            raise RuntimeError(f"value cannot be converted to type {name} without overflow")
+    return True
+
+
+def _check_clamp(values: list) -> bool:
     """CPU's refusals of missing and complex bounds (PyTorch's meta kernels raise
-    ValueError for the first and accept the second: tpu clamped in complex)."""
+    ValueError for the first and accept the second: tpu clamped in complex), and of
+    bounds beyond an integer dtype."""
     if values[1] is None and values[2] is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
     bounds = [b for b in values[1:3] if isinstance(b, complex)]
     if not bounds:
-        return
+        return _check_integer_bounds(values[0], values[1:3])
     if not values[0].is_floating_point():
         raise NotImplementedError(_COMPLEX_CLAMP)
     if any(b.imag for b in bounds):  # (CPU reads a float self's bounds as doubles)
         raise RuntimeError("value cannot be converted to type double without overflow")
 
 
-def _check_one_sided_clamp(values: list) -> None:
-    """CPU refuses a complex bound, which PyTorch's meta kernels accept."""
+def _check_one_sided_clamp(values: list) -> bool:
+    """CPU refuses a complex bound, which PyTorch's meta kernels accept, and a bound
+    beyond an integer dtype."""
     if isinstance(values[1], complex):
         raise NotImplementedError(_COMPLEX_CLAMP)
+    return _check_integer_bounds(values[0], values[1:2])
 
 
 @lower("clamp.default", "clamp.Tensor", check=_check_clamp)
@@ -1023,10 +1096,12 @@ def nan_to_num(self, nan=None, posinf=None, neginf=None):
         return lax.complex(*parts)
     if not jnp.issubdtype(self.dtype, jnp.floating):
         return self
+    # (each replacement picked by the input's value: a NaN replaced by a number beyond
+    # the dtype is inf, as on CPU, and must stay so)
     info = jnp.finfo(self.dtype)
-    x = jnp.where(jnp.isnan(self), 0.0 if nan is None else nan, self)
-    x = jnp.where(x == jnp.inf, info.max if posinf is None else posinf, x)
-    return jnp.where(x == -jnp.inf, info.min if neginf is None else neginf, x)
+    x = jnp.where(self == -jnp.inf, info.min if neginf is None else neginf, self)
+    x = jnp.where(self == jnp.inf, info.max if posinf is None else posinf, x)
+    return jnp.where(jnp.isnan(self), 0.0 if nan is None else nan, x)
 
 
 lower("isnan.default")(_unary(jnp.isnan, Promo.NO_OPMATH))
