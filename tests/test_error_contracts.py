@@ -945,3 +945,28 @@ def test_nan_to_num_replaces_by_the_input_value_class():
     for kwargs in ({"nan": 1e6}, {"nan": 1e6, "posinf": 7.0}, {"neginf": -1e6}, {}):
         expected = torch.nan_to_num(x, **kwargs)
         assert torch.equal(torch.nan_to_num(x.to("tpu"), **kwargs).cpu(), expected), kwargs
+
+
+_ADDR_MISFITS = [
+    ((1, 4), (3,), (4,)), ((4, 3), (3,), (4,)), ((3, 4), (3, 1), (4,)), ((12,), (3,), (4,)),
+    ((), (3,), (4,)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("shapes", _ADDR_MISFITS)
+def test_addr_in_place_refuses_an_input_of_another_shape(eager_mode, shapes):
+    """In place, addr_'s input is not broadcast: CPU refuses any but the (3, 4) matrix.
+    PyTorch's composite, which tpu ran, resized a 0-d or (12,) input to (3, 4)."""
+    self_shape, v1_shape, v2_shape = shapes
+
+    def call(device):
+        v1 = torch.arange(1.0, 4.0, device=device).reshape(v1_shape)
+        v2 = torch.ones(v2_shape, device=device)
+        return torch.ones(self_shape, device=device).addr_(v1, v2)
+
+    assert_same_error(call)
+    def good(device):
+        vectors = torch.arange(3.0, device=device), torch.arange(4.0, device=device)
+        return torch.ones(3, 4, device=device).addr_(*vectors, beta=0.5, alpha=2)
+
+    assert_same_outcome(good)

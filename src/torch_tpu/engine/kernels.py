@@ -437,6 +437,23 @@ def _nested_tensor_from_mask(t, mask, mask_check=True):
     )
 
 
+def _addr_inplace(self, vec1, vec2, *, beta=1, alpha=1):
+    """addr_ with CPU's checks: in place, self is not broadcast, so it must be the (n, m)
+    matrix itself. PyTorch's composite writes through addr.out, which resized a 0-d or
+    (n,) self to (n, m) with a deprecation warning."""
+    for name, vec in (("vec1", vec1), ("vec2", vec2)):
+        if vec.dim() != 1:
+            raise RuntimeError(f"addr: Expected 1-D argument {name}, but got {vec.dim()}-D")
+    if self.dim() != 2:
+        raise RuntimeError(f"2D tensor expected, got {self.dim()}D tensor for input")
+    if tuple(self.shape) != (vec1.shape[0], vec2.shape[0]):
+        raise RuntimeError(
+            f"size mismatch, input: {list(self.shape)}, v1: {list(vec1.shape)}, "
+            f"v2: {list(vec2.shape)}"
+        )
+    return self.copy_(torch.addr(self, vec1, vec2, beta=beta, alpha=alpha))
+
+
 def _record_stream(self, stream):
     return None
 
@@ -486,6 +503,7 @@ def _register_specials() -> None:
     _impl("_local_scalar_dense", _local_scalar_dense, "special")
     _impl("equal", _equal, "special")
     _impl("record_stream", _record_stream, "special")
+    _impl("addr_", _addr_inplace, "special")
     _impl("_nested_tensor_from_mask_left_aligned", _nested_tensor_from_mask_left_aligned, "special")
     _impl("_nested_tensor_from_mask", _nested_tensor_from_mask, "special")
     for name, target in _SHIFT_OPERATORS.items():
