@@ -17,7 +17,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg
 import numpy as np
 import torch
 from jax import lax
