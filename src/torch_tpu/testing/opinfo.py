@@ -190,6 +190,122 @@ def refusals(op, limit: int | None = None) -> Outcome:
     return outcome
 
 
+VARIANTS = ("noncontiguous", "out", "out_strided", "inplace", "inplace_strided")
+
+
+def variant(op, kind: str, dtype: torch.dtype = torch.float32, limit: int | None = None) -> Outcome:
+    """One way of calling the entry's samples on tpu that `run` does not take, against
+    CPU: "noncontiguous" (every input a strided view of a buffer twice its size, on
+    both devices), "out" and "out_strided" (the out= form into a fresh contiguous or
+    strided tpu tensor), "inplace" and "inplace_strided" (the in-place form on a
+    contiguous or strided copy of the input, on both devices). For the out= forms the
+    oracle is CPU's plain call: CPU's own out= into a strided tensor returns garbage for
+    some ops (gelu, avg_pool3d, narrow_copy in torch 2.13). A form CPU refuses, tpu
+    must refuse too."""
+    outcome = Outcome("passed")
+    if any(word in op.name for word in _UNCOMPARABLE):
+        return Outcome("skipped", "random values")
+    metrics.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            samples = list(_samples(op, dtype, False, limit))
+        except Exception as e:
+            return Outcome("skipped", f"sample_inputs raised {type(e).__name__}: {e}")
+        for sample in samples:
+            if sample.kwargs.get("dropout_p", 0) > 0 or "device" in sample.kwargs:
+                continue  # (random values; a factory told to make a CPU tensor)
+            call = _variant_call(op, kind, sample)
+            if call is None:
+                continue
+            try:
+                expected = call(sample.input, sample.args, sample.kwargs, "cpu")
+            except Exception as e:
+                if not _variant_refused(call, sample, e, outcome):
+                    break
+                continue
+            outcome.samples += 1
+            moved = _map((sample.input, sample.args, sample.kwargs), _to_tpu)
+            try:
+                _compare(call(*moved, "tpu"), expected, False)
+            except AssertionError as e:
+                outcome.status, outcome.message = "failed", _first_line(e)
+                break
+            except Exception as e:
+                outcome.status, outcome.message = "error", f"{type(e).__name__}: {_first_line(e)}"
+                break
+    outcome.fallback_ops = dict(metrics.snapshot()["fallback_ops"])
+    if outcome.status == "passed" and outcome.samples == 0:
+        outcome.status, outcome.message = "skipped", f"no sample has a {kind} form"
+    return outcome
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a strided view (every other element of a buffer twice its size)."""
+    from torch.testing._internal.common_utils import noncontiguous_like
+
+    return noncontiguous_like(t) if t.numel() > 1 else t
+
+
+def _variant_call(op, kind: str, sample):
+    """call(input, args, kwargs, device) -> what to compare, for this kind of variant;
+    None when the sample has no such form."""
+    plain = sample.output_process_fn_grad
+    if kind == "noncontiguous":
+
+        def call(x, args, kwargs, device):  # (strided on both: as_strided reads storage)
+            x, args, kwargs = _map((x, args, kwargs), _strided)
+            return plain(op(x, *args, **kwargs))
+
+        return call
+    if kind.startswith("out"):
+        if not op.supports_out:
+            return None
+        expected = op(sample.input, *sample.args, **sample.kwargs)
+        if not isinstance(expected, torch.Tensor):
+            return None
+        strided = kind == "out_strided"
+
+        def call(x, args, kwargs, device):
+            if device == "cpu":
+                return op(x, *args, **kwargs)
+            out = torch.empty_like(expected, device="tpu", memory_format=torch.contiguous_format)
+            out = _strided(out) if strided else out
+            returned = op(x, *args, out=out, **kwargs)
+            assert returned is out, "the out= form returned another tensor than out"
+            return out
+
+        return call
+    inplace = op.inplace_variant
+    if inplace is None or not isinstance(sample.input, torch.Tensor):
+        return None
+    strided = kind == "inplace_strided"
+
+    def call(x, args, kwargs, device):  # (strided on both: resize_ keeps the storage)
+        target = _strided(x.clone()) if strided else x.clone()
+        returned = inplace(target, *args, **kwargs)
+        assert returned is target, "the in-place form returned another tensor than its input"
+        return target
+
+    return call
+
+
+def _variant_refused(call, sample, cpu_error: Exception, outcome) -> bool:
+    """A variant CPU refused (an in-place form whose result needs another shape or
+    dtype): False (and the outcome failed) if tpu returns a result."""
+    outcome.samples += 1
+    moved = _map((sample.input, sample.args, sample.kwargs), _to_tpu)
+    try:
+        _to_cpu(call(*moved, "tpu"))
+    except Exception:
+        return True
+    outcome.status = "failed"
+    outcome.message = (
+        f"CPU raised {type(cpu_error).__name__}: {_first_line(cpu_error)}; tpu returned a result"
+    )
+    return False
+
+
 def _tpu_refuses(op, sample, dtype: torch.dtype, cpu_error: Exception, outcome) -> bool:
     """Run a sample CPU rejected on tpu; False (and the outcome failed) if tpu returns
     a result. Half-float kernels CPU lacks are not refusals (tpu computes what CUDA
