@@ -10,6 +10,9 @@ import sys
 import textwrap
 import warnings
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
 
@@ -191,3 +194,27 @@ def test_fused_recompiles_are_explained_and_warned(fresh_cache, monkeypatch):
     messages = [str(w.message) for w in caught if "recompiled" in str(w.message)]
     assert len(messages) == 1 and "'aten::mul.Tensor self' changed shape" in messages[0]
     assert "recompiles" in metrics.report_text()
+
+
+def _reading(which: int):
+    def segment(*args):  # (one name for both: as every fused segment is `segment`)
+        return jnp.abs(args[which])
+
+    return segment
+
+
+@pytest.mark.parametrize("from_disk", [False, True])
+def test_programs_reading_different_arguments_of_equal_avals_are_not_confused(from_disk):
+    """The HLO omits unused arguments: two programs of one name reading the first or the
+    second of two equal-aval arguments had equal text and one key, and the second loaded
+    the first's executable (a fused clone then abs_ returned the zeros of the segment's
+    other input). The key now says which arguments a program reads."""
+    example = (jax.ShapeDtypeStruct((3,), jnp.float32),) * 2
+    a = np.array([-1.0, -2.0, -3.0], np.float32)
+    b = np.array([-10.0, -20.0, -30.0], np.float32)
+    first = cache.compile(_reading(0), example, kind="segment", name="segment")
+    np.testing.assert_array_equal(np.asarray(first(a, b)), np.abs(a))
+    if from_disk:
+        cache.clear(disk=False)  # (memory forgotten: the second compile looks on disk)
+    second = cache.compile(_reading(1), example, kind="segment", name="segment")
+    np.testing.assert_array_equal(np.asarray(second(a, b)), np.abs(b))

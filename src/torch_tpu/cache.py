@@ -405,9 +405,13 @@ def _lower(traced):
 
 
 def _program_text(lowered) -> str:
-    # the argument avals and result tree too: the HLO omits unused arguments, and equal
-    # HLO may take its arguments in another structure
-    return f"{lowered.in_avals}\n{lowered.out_tree}\n{lowered.as_text()}"
+    """The program as its key sees it: the argument avals and result tree, the
+    arguments it reads, and its text. The HLO omits unused arguments, so two programs
+    of one name (every fused segment is `segment`) that read different arguments of the
+    same avals had equal text: a fused `clone` then `abs_` loaded the executable of a
+    segment that read its other input, and returned that input's zeros."""
+    kept = sorted(lowered._lowering.compile_args["kept_var_idx"])
+    return f"{lowered.in_avals}\n{lowered.out_tree}\nreads {kept}\n{lowered.as_text()}"
 
 
 # A single-device placement in a program's text: committed inputs lower with it,
