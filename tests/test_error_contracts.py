@@ -970,3 +970,24 @@ def test_addr_in_place_refuses_an_input_of_another_shape(eager_mode, shapes):
         return torch.ones(3, 4, device=device).addr_(*vectors, beta=0.5, alpha=2)
 
     assert_same_outcome(good)
+
+
+@pytest.mark.parametrize("source", [torch.int64, torch.int32, torch.bool, torch.float32])
+@pytest.mark.parametrize("target", [torch.int64, torch.float32])
+def test_nansum_into_out_as_cpu(source, target):
+    """CPU sums an integer or bool input into any out= (it takes sum's path) and refuses
+    only a floating input into an integer out; tpu refused every integer out."""
+    assert_same_outcome(
+        lambda d: torch.nansum(
+            torch.tensor([1, 2], device=d).to(source), out=torch.empty((), dtype=target, device=d)
+        )
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_ldexp_in_place_refuses_an_integer_input(dtype):
+    """ldexp's result is floating; CPU refuses to write it into an integer tensor in
+    place, and tpu wrote it, truncated."""
+    assert_same_error(
+        lambda d: torch.tensor([1, 2], dtype=dtype, device=d).ldexp_(torch.tensor([1, 2], device=d))
+    )

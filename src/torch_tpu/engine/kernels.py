@@ -100,13 +100,14 @@ def _dtype_from_out(args: tuple, kwargs: dict, kernel: str | None = None):
     sum into a float64 out accumulates in float64; into an int64 out it sums the
     truncated elements), as if called with dtype=out.dtype; tpu rounded to the input's
     dtype first. `kernel` names a CPU kernel written for floating types only: mean (an
-    integer input or out is refused by its checks) and nansum (refuses an integer out)."""
+    integer input or out is refused by its checks) and nansum (a floating input into an
+    integer out is refused; an integer input is summed, as CPU does, into any out)."""
     from ..ops.pointwise import scalar_type_name  # (the ops import JAX: not at start-up)
 
     out = kwargs.get("out")
     if kwargs.get("dtype") is not None or not isinstance(out, torch.Tensor):
         return args, kwargs
-    if kernel == "nansum_cpu" and not _inexact(out):
+    if kernel == "nansum_cpu" and _inexact(args[0]) and not _inexact(out):
         raise NotImplementedError(
             f'"nansum_cpu" not implemented for \'{scalar_type_name(out.dtype)}\''
         )

@@ -40,8 +40,8 @@ _HALF = (torch.float16, torch.bfloat16)
 # dispatch lists' own: "... not implemented for 'Bool'")
 _DTYPE_WORDS = re.compile(
     r"[Cc]omplex|[Bb]ool|[Ii]nteger|floating point|dtype|scalar_type|"
-    r"'(Long|Int|Short|Char|Byte)'"
-)
+    r"'(Long|Int|Short|Char|Byte)'|can't be cast to the desired output type"
+)  # (the last: an in-place result of another type, `int_tensor.ldexp_(e)`)
 # and, judging an out= target of another dtype, its words for that (mode's, kthvalue's,
 # median's); not in general: a stand-in run of a backward fed our forward's index dtypes
 # says "expected scalar type Long but found Int" where CPU's own forward gave it Longs
