@@ -520,3 +520,12 @@ def test_matrix_exp_takes_cpus_taylor_approximants():
     xt = batch[:6].to("tpu").requires_grad_()
     torch.linalg.matrix_exp(xt).pow(2).sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), x.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("value", [float("inf"), -float("inf"), float("nan"), 1e30, 3e38])
+def test_matrix_exp_of_non_finite_and_huge_matrices_is_cpus(value):
+    """An infinite 1-norm made the squaring count infinite, and casting it hung the loop;
+    CPU answers NaN for these (as tpu now does)."""
+    a = torch.tensor([[value, 0.0], [0.0, 1.0]])
+    actual = torch.linalg.matrix_exp(a.to("tpu")).cpu()
+    torch.testing.assert_close(actual, torch.linalg.matrix_exp(a), equal_nan=True)

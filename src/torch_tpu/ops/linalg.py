@@ -479,7 +479,10 @@ def linalg_matrix_exp(self):
     thetas = _EXPM_THETAS[jnp.finfo(self.dtype).bits // 8]
     norm = jnp.abs(self).sum(-2).max(-1)[..., None, None]  # (the operator 1-norm)
     # the largest norms: scaled by 2^-s into the degree-18 range, then squared s times
-    s = jnp.maximum(0, jnp.ceil(jnp.log2(norm / thetas[5]))).astype(jnp.int64)
+    # (an inf or NaN norm gives 0: its own infs and NaNs then spread, where casting an
+    # infinite count hung the loop; float64's largest norm needs 1024 squarings)
+    s = jnp.ceil(jnp.log2(norm / thetas[5]))
+    s = jnp.clip(jnp.where(jnp.isfinite(s), s, 0), 0, 1100).astype(jnp.int64)
     scaled = self / (2**s).astype(self.dtype)
     result = _expm_taylor(scaled, 18)
 

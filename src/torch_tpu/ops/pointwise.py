@@ -1028,12 +1028,13 @@ def _check_integer_bounds(self: torch.Tensor, bounds: list) -> bool:
     name = _C_INTEGER_TYPES.get(self.dtype)
     if name is None:
         return False
+    numbers = [b for b in bounds if type(b) is int]
     info = torch.iinfo(self.dtype)
     low = -info.max if info.min == 0 else info.min
-    for bound in bounds:
-        if type(bound) is int and not low <= bound <= info.max:
+    for bound in numbers:
+        if not low <= bound <= info.max:
             raise RuntimeError(f"value cannot be converted to type {name} without overflow")
-    return True
+    return bool(numbers)  # (tensor bounds: nothing to judge at later calls)
 
 
 def _check_clamp(values: list) -> bool:
