@@ -261,7 +261,10 @@ def _variant_call(op, kind: str, sample):
     if kind.startswith("out"):
         if not op.supports_out:
             return None
-        expected = op(sample.input, *sample.args, **sample.kwargs)
+        try:  # (the out= tensor is made like CPU's result)
+            expected = op(sample.input, *sample.args, **sample.kwargs)
+        except Exception:
+            return None  # (CPU refuses the plain call: `run` and `refusals` judge that)
         if not isinstance(expected, torch.Tensor):
             return None
         strided = kind == "out_strided"
@@ -291,8 +294,8 @@ def _variant_call(op, kind: str, sample):
 
 
 def _variant_refused(call, sample, cpu_error: Exception, outcome) -> bool:
-    """A variant CPU refused (an in-place form whose result needs another shape or
-    dtype): False (and the outcome failed) if tpu returns a result."""
+    """A form CPU refused (an in-place result of another shape or dtype, a strided input
+    a kernel requires contiguous): False (and the outcome failed) if tpu returns one."""
     outcome.samples += 1
     moved = _map((sample.input, sample.args, sample.kwargs), _to_tpu)
     try:
