@@ -965,6 +965,7 @@ def test_addr_in_place_refuses_an_input_of_another_shape(eager_mode, shapes):
         return torch.ones(self_shape, device=device).addr_(v1, v2)
 
     assert_same_error(call)
+
     def good(device):
         vectors = torch.arange(3.0, device=device), torch.arange(4.0, device=device)
         return torch.ones(3, 4, device=device).addr_(*vectors, beta=0.5, alpha=2)
