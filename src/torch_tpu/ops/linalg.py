@@ -432,6 +432,11 @@ def _expm_t8_coefficients(real) -> tuple:
     )
 
 
+# (at full precision whatever torch's matmul precision says: CPU's matrix_exp turns
+# reduced-precision products off for itself)
+_exact_matmul = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
+
+
 def _combination(coefficients, matrices):
     """sum_j c_j M_j, accumulated in order, each c_j a constant of the matrices' dtype."""
     total = None
@@ -443,7 +448,7 @@ def _combination(coefficients, matrices):
 
 def _expm_taylor(a, degree: int):
     """The degree's Taylor approximant of exp(a), evaluated as CPU's kernel does."""
-    mm = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
+    mm = _exact_matmul
     eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
     if degree == 1:
         return eye + a
@@ -488,7 +493,7 @@ def linalg_matrix_exp(self):
 
     def square(carry):
         k, m = carry
-        return k + 1, jnp.where(k < s, jnp.matmul(m, m, precision=jax.lax.Precision.HIGHEST), m)
+        return k + 1, jnp.where(k < s, _exact_matmul(m, m), m)
 
     _, result = jax.lax.while_loop(lambda c: c[0] < jnp.max(s, initial=0), square, (0, result))
     below = -1.0

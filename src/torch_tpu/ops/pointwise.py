@@ -1014,27 +1014,13 @@ lower("fmax.default")(_binary(jnp.fmax, Promo.NO_OPMATH))
 _COMPLEX_CLAMP = "clamp is not supported for complex types"
 
 
-# CPU's names of the integer types it converts number bounds to (c10's checked_convert)
-_C_INTEGER_TYPES = {
-    torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int", torch.uint8: "uint8_t"
-}  # fmt: skip
-
-
 def _check_integer_bounds(self: torch.Tensor, bounds: list) -> bool:
-    """CPU converts integer bounds to an integer tensor's dtype, refusing those beyond
-    it (clamp(int8, max=1000)); tpu wrapped them. Judged at every call for the dtypes
-    narrower than int64 (the bound's value is not part of the key). An unsigned type
-    takes negatives down to -max, which wrap, as in c10's checked conversion."""
-    name = _C_INTEGER_TYPES.get(self.dtype)
-    if name is None:
-        return False
-    numbers = [b for b in bounds if type(b) is int]
-    info = torch.iinfo(self.dtype)
-    low = -info.max if info.min == 0 else info.min
-    for bound in numbers:
-        if not low <= bound <= info.max:
-            raise RuntimeError(f"value cannot be converted to type {name} without overflow")
-    return bool(numbers)  # (tensor bounds: nothing to judge at later calls)
+    """CPU converts integer number bounds to an integer tensor's dtype as it converts a
+    fill value (`check_fill_value`: c10's checked conversion), refusing those beyond it
+    (clamp(int8, max=1000)); tpu wrapped them. Whether a later call must be judged again
+    (the bound's value is not part of the key); float bounds promote the result."""
+    verdicts = [check_fill_value(b, self.dtype) for b in bounds if type(b) is int]
+    return any(verdicts)
 
 
 def _check_clamp(values: list) -> bool:

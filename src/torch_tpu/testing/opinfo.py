@@ -205,7 +205,6 @@ def variant(op, kind: str, dtype: torch.dtype = torch.float32, limit: int | None
     outcome = Outcome("passed")
     if any(word in op.name for word in _UNCOMPARABLE):
         return Outcome("skipped", "random values")
-    metrics.reset()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -234,7 +233,6 @@ def variant(op, kind: str, dtype: torch.dtype = torch.float32, limit: int | None
             except Exception as e:
                 outcome.status, outcome.message = "error", f"{type(e).__name__}: {_first_line(e)}"
                 break
-    outcome.fallback_ops = dict(metrics.snapshot()["fallback_ops"])
     if outcome.status == "passed" and outcome.samples == 0:
         outcome.status, outcome.message = "skipped", f"no sample has a {kind} form"
     return outcome
@@ -295,35 +293,31 @@ def _variant_call(op, kind: str, sample):
 
 def _variant_refused(call, sample, cpu_error: Exception, outcome) -> bool:
     """A form CPU refused (an in-place result of another shape or dtype, a strided input
-    a kernel requires contiguous): False (and the outcome failed) if tpu returns one."""
-    outcome.samples += 1
-    moved = _map((sample.input, sample.args, sample.kwargs), _to_tpu)
-    try:
-        _to_cpu(call(*moved, "tpu"))
-    except Exception:
-        return True
-    outcome.status = "failed"
-    outcome.message = (
-        f"CPU raised {type(cpu_error).__name__}: {_first_line(cpu_error)}; tpu returned a result"
-    )
-    return False
+    a kernel requires contiguous): `_refused_on_tpu` with the form's call."""
+    return _refused_on_tpu(lambda moved: call(*moved, "tpu"), sample, cpu_error, outcome, "")
 
 
 def _tpu_refuses(op, sample, dtype: torch.dtype, cpu_error: Exception, outcome) -> bool:
-    """Run a sample CPU rejected on tpu; False (and the outcome failed) if tpu returns
-    a result. Half-float kernels CPU lacks are not refusals (tpu computes what CUDA
-    does: engine/refusals.py)."""
+    """A sample CPU rejected (`_refused_on_tpu`). Half-float kernels CPU lacks are not
+    refusals (tpu computes what CUDA does: engine/refusals.py)."""
     if dtype in (torch.float16, torch.bfloat16) and isinstance(cpu_error, NotImplementedError):
         return True
+    return _refused_on_tpu(
+        lambda moved: op(moved[0], *moved[1], **moved[2]), sample, cpu_error, outcome, f"{dtype}: "
+    )
+
+
+def _refused_on_tpu(run, sample, cpu_error: Exception, outcome, label: str) -> bool:
+    """Run on tpu what CPU refused: False (and the outcome failed) if tpu returns a
+    result."""
     outcome.samples += 1
-    moved = _map((sample.input, sample.args, sample.kwargs), _to_tpu)
     try:
-        _to_cpu(op(moved[0], *moved[1], **moved[2]))
+        _to_cpu(run(_map((sample.input, sample.args, sample.kwargs), _to_tpu)))
     except Exception:
         return True
     outcome.status = "failed"
     outcome.message = (
-        f"{dtype}: CPU raised {type(cpu_error).__name__}: {_first_line(cpu_error)}; "
+        f"{label}CPU raised {type(cpu_error).__name__}: {_first_line(cpu_error)}; "
         "tpu returned a result"
     )
     return False
