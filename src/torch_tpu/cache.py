@@ -397,7 +397,13 @@ def _only_exact(jaxpr) -> bool:
 
 
 def _trace(fn: Callable, example_args: tuple, donate_argnums: tuple[int, ...] = ()):
-    return jax.jit(fn, donate_argnums=donate_argnums).trace(*example_args)
+    """A donating program keeps its unused arguments: JAX drops them before it pairs each
+    donated input with the first result of its shape, so a donated buffer the program
+    only overwrites (fill_, an optimizer's zeros_like state) shifted every later pairing
+    by one, and XLA copied around the mismatches (a 738 MB temporary in fused AdamW's
+    first step). Kept, it is paired with its own new value and written in place."""
+    jitted = jax.jit(fn, donate_argnums=donate_argnums, keep_unused=bool(donate_argnums))
+    return jitted.trace(*example_args)
 
 
 def _lower(traced):
