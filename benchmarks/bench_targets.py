@@ -34,6 +34,8 @@ ROWS = [
      "bench_modes.py", [], ["--steps", "3", "--workloads", "mlp", "gpt_small"]),
     ("first_call", "compile time per new op shape (<= 20 ms), cold first steps (<= 1/4)",
      "bench_first_call.py", [], ["--shapes", "1"]),
+    ("test_file", "PyTorch's test_shape_ops.py, cold cache, tpu vs CPU wall time (<= 10x)",
+     "bench_test_file.py", [], []),
 ]  # fmt: skip
 
 
