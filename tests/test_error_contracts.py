@@ -300,8 +300,13 @@ def test_an_out_view_resized_in_its_storage_writes_through_to_its_base(write, ea
         lambda d, out: torch.arange(7, out=out),  # (arange's own words)
         lambda d, out: torch.linspace(0, 1, 7, out=out),  # (resized silently)
         lambda d, out: torch.fft.fftfreq(7, out=out),
+        lambda d, out: torch.linalg.cholesky(torch.eye(3, device=d), out=out),  # (C++ meta)
+        lambda d, out: torch.linalg.inv(torch.eye(3, device=d), out=out),
     ],
-    ids=["exp", "cumsum", "cat", "mean", "clamp", "arange", "linspace", "fftfreq"],
+    ids=[
+        "exp", "cumsum", "cat", "mean", "clamp", "arange", "linspace", "fftfreq", "cholesky",
+        "inv",
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize("size", [5, 0], ids=["with-elements", "empty"])
 def test_out_resized_warns_at_every_call_as_cpu(write, size, eager_mode):
@@ -317,6 +322,34 @@ def test_out_resized_warns_at_every_call_as_cpu(write, size, eager_mode):
         return [str(w.message).split(" (Triggered internally")[0] for w in seen]
 
     expected = messages("cpu")
+    assert messages("tpu") == expected
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda d, a, b: torch.sort(torch.ones(3, device=d), out=(a, b)),
+        lambda d, a, b: torch.topk(torch.ones(4, device=d), 3, out=(a, b)),
+        lambda d, a, b: torch.max(torch.ones(3, 4, device=d), 1, out=(a, b)),
+        lambda d, a, b: torch.cummax(torch.ones(3, device=d), 0, out=(a, b)),
+    ],
+    ids=["sort", "topk", "max.dim", "cummax"],
+)
+def test_two_outs_resized_warn_once_each_as_cpu(write, eager_mode):
+    """CPU warns once per resized out=; tpu warned two or three times: CPU's refusal run
+    of the call (its kernel, on CPU stand-ins of the wrongly sized outs) and a meta kernel
+    in C++ (topk's, max's) warned again, from C++, where no Python filter reaches."""
+
+    def messages(d):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                a, b = torch.empty(5, device=d), torch.empty(5, dtype=torch.long, device=d)
+                write(d, a, b)
+        return [str(w.message).split(" (Triggered internally")[0] for w in seen]
+
+    expected = messages("cpu")
+    assert len(expected) == 4
     assert messages("tpu") == expected
 
 

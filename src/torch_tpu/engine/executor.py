@@ -304,8 +304,10 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
         entry.predrawn = _predrawn_elements(spec, values)
     else:
         metrics.count("cache_hits")
-        if check is not None and (entry.recheck or modes.current is _DEBUG):
-            check(values)  # (debug mode also checks values that cost a sync: index bounds)
+        if check is not None and not entry.resize and (entry.recheck or modes.current is _DEBUG):
+            # (debug mode also checks values that cost a sync: index bounds; a call that
+            # resizes its outs is checked after the resize, as the first call was)
+            check(values)
     if entry.resize:  # out= arguments of the wrong size: resize them, then run
         for index, shape in entry.resize.items():
             _warn_resized(spec, values[index], shape)
@@ -857,14 +859,55 @@ def _meta_run(spec: OpSpec, values: list):
     _accept_byte_indices(spec, meta_values)
     # (before the op: some meta kernels word the cast error otherwise)
     out_dtypes = _out_result_dtypes(spec, meta_values)
+    emptied = _emptied_outs(spec, meta_values)
+    if emptied is not None:
+        result = _meta_call(spec, emptied, values)
+        if any(emptied[i].shape != meta_values[i].shape for i in _outs_with_elements(spec, values)):
+            return emptied, result, out_dtypes  # (resized: `_build` resizes the real outs)
+    return meta_values, _meta_call(spec, meta_values, values), out_dtypes
+
+
+def _outs_with_elements(spec: OpSpec, values: list) -> list[int]:
+    """The out= tensors holding elements, for ops whose outs resize_output resizes."""
+    if spec.lowering.name in _OWN_RESIZE:
+        return []
+    arguments_ = spec.schema.op._schema.arguments
+    return [
+        t
+        for t in spec.targets
+        if t is not None
+        and arguments_[t].is_out
+        and isinstance(values[t], torch.Tensor)
+        and values[t].numel()
+    ]
+
+
+def _emptied_outs(spec: OpSpec, meta_values: list) -> list | None:
+    """meta_values with each out= tensor that holds elements replaced by an empty one,
+    None when there is none. A meta kernel in C++ resizing a wrongly sized out warns
+    past any Python filter (PyTorch hands C++ warnings to the outermost Python call),
+    so its run on empty outs tells the shapes, and one with the outs as they are runs
+    only when no resize is due (`_meta_run`)."""
+    outs = _outs_with_elements(spec, meta_values)
+    if not outs:
+        return None
+    emptied = list(meta_values)
+    for t in outs:
+        emptied[t] = torch.empty(0, dtype=meta_values[t].dtype, device="meta")
+    return emptied
+
+
+def _meta_call(spec: OpSpec, meta_values: list, values: list):
+    """The op's meta kernel on meta_values (of the call's values), its errors as CPU
+    words them."""
     try:
         with _no_cuda_alerts(), warnings.catch_warnings():
             # (`_warn_resized` warns at every call that resizes, as CPU, in CPU's words)
             warnings.filterwarnings("ignore", _RESIZED)
             try:
-                result = arguments.call_op(spec.schema.op, meta_values)
+                return arguments.call_op(spec.schema.op, meta_values)
             except NotImplementedError:
-                result = _derived_out_meta(spec, meta_values)
+                return _derived_out_meta(spec, meta_values)
     except AssertionError as e:
         # some of PyTorch's decompositions (nll_loss's) check arguments with AssertionError
         # where CPU's kernels raise RuntimeError with the same words
@@ -875,7 +918,6 @@ def _meta_run(spec: OpSpec, values: list):
         if str(e) == "duplicate value in the list of dims":
             _raise_repeated_dim(spec, values)
         raise
-    return meta_values, result, out_dtypes
 
 
 def _raise_repeated_dim(spec: OpSpec, values: list) -> None:
@@ -1006,6 +1048,12 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
             result = spec.lowering.result_layout(meta_values, result)
     except NotImplementedError:
         meta_values, result, out_dtypes = None, None, None
+    if meta_values is not None:
+        # (before CPU's refusal run: its kernel would warn about the resize once more,
+        # from C++, past any filter; the run after the resize judges the call)
+        resize = _out_resizes(spec, values, meta_values)
+        if resize:
+            return _Executable(None, None, (), (), resize)
     targets = list(arguments.tensors([values[t] for t in spec.targets if t is not None]))
     aliased = refusals.written_memory_overlaps(targets, values) if targets else ()
     casts_target = out_dtypes is not None and any(
@@ -1024,7 +1072,6 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
     results = result if isinstance(result, tuple) else (result,)
     if n_returns == 0:
         results = ()
-    resize = {}
     fresh_meta = []
     if meta_values is not None:
         for k, target in enumerate(spec.targets):
@@ -1034,16 +1081,13 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
                 want = tuple(meta_values[target].shape)
                 out = values[target]
                 if want != tuple(out.shape) and not _keeps_shape(spec, want, out):
-                    if not spec.schema.op._schema.arguments[target].is_out:
-                        # an in-place op's self keeps its shape (PyTorch's meta kernels
-                        # for some, atan2_ and lt_, resize it as if it were out=)
-                        raise RuntimeError(
-                            f"output with shape {list(out.shape)} doesn't match the "
-                            f"broadcast shape {list(want)}"
-                        )
-                    resize[target] = want
-        if resize:
-            return _Executable(None, None, (), (), resize)
+                    # an in-place op's self keeps its shape (PyTorch's meta kernels for
+                    # some, atan2_ and lt_, resize it as if it were out=; out= arguments
+                    # were resized before this)
+                    raise RuntimeError(
+                        f"output with shape {list(out.shape)} doesn't match the "
+                        f"broadcast shape {list(want)}"
+                    )
     else:
         resize = _lowering_resizes(spec, values, layout)
         if resize:
@@ -1079,6 +1123,22 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
 # keeps a (2, 2) x's shape: a (2, 2) view given as out was replaced by a new 1-D
 # storage, and x never written), warning in arange's own words, or not at all
 _OWN_RESIZE = {"arange.start_out": _arange_resized, "linspace.out": None, "logspace.out": None}
+
+
+def _out_resizes(spec: OpSpec, values: list, meta_values: list) -> dict:
+    """The out= arguments whose shape differs from what the meta kernel resized their
+    stand-ins to, with that shape (CPU resizes them, with a warning)."""
+    arguments_ = spec.schema.op._schema.arguments
+    resize = {}
+    for target in spec.targets:
+        if target is None or not arguments_[target].is_out:
+            continue
+        out = values[target]
+        if isinstance(out, torch.Tensor):
+            want = tuple(meta_values[target].shape)
+            if want != tuple(out.shape) and not _keeps_shape(spec, want, out):
+                resize[target] = want
+    return resize
 
 
 def _lowering_resizes(spec: OpSpec, values: list, layout: tuple) -> dict:
