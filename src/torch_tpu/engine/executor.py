@@ -867,19 +867,21 @@ def _meta_run(spec: OpSpec, values: list):
     return meta_values, _meta_call(spec, meta_values, values), out_dtypes
 
 
-def _outs_with_elements(spec: OpSpec, values: list) -> list[int]:
-    """The out= tensors holding elements, for ops whose outs resize_output resizes."""
-    if spec.lowering.name in _OWN_RESIZE:
-        return []
+def _out_tensors(spec: OpSpec, values: list) -> list[int]:
+    """The indices of the call's out= arguments that are tensors."""
     arguments_ = spec.schema.op._schema.arguments
     return [
         t
         for t in spec.targets
-        if t is not None
-        and arguments_[t].is_out
-        and isinstance(values[t], torch.Tensor)
-        and values[t].numel()
+        if t is not None and arguments_[t].is_out and isinstance(values[t], torch.Tensor)
     ]
+
+
+def _outs_with_elements(spec: OpSpec, values: list) -> list[int]:
+    """The out= tensors holding elements, for ops whose outs resize_output resizes."""
+    if spec.lowering.name in _OWN_RESIZE:
+        return []
+    return [t for t in _out_tensors(spec, values) if values[t].numel()]
 
 
 def _emptied_outs(spec: OpSpec, meta_values: list) -> list | None:
@@ -1128,16 +1130,11 @@ _OWN_RESIZE = {"arange.start_out": _arange_resized, "linspace.out": None, "logsp
 def _out_resizes(spec: OpSpec, values: list, meta_values: list) -> dict:
     """The out= arguments whose shape differs from what the meta kernel resized their
     stand-ins to, with that shape (CPU resizes them, with a warning)."""
-    arguments_ = spec.schema.op._schema.arguments
     resize = {}
-    for target in spec.targets:
-        if target is None or not arguments_[target].is_out:
-            continue
-        out = values[target]
-        if isinstance(out, torch.Tensor):
-            want = tuple(meta_values[target].shape)
-            if want != tuple(out.shape) and not _keeps_shape(spec, want, out):
-                resize[target] = want
+    for target in _out_tensors(spec, values):
+        want, out = tuple(meta_values[target].shape), values[target]
+        if want != tuple(out.shape) and not _keeps_shape(spec, want, out):
+            resize[target] = want
     return resize
 
 
@@ -1147,19 +1144,14 @@ def _lowering_resizes(spec: OpSpec, values: list, layout: tuple) -> dict:
     result for them, with that shape, to be resized as CPU's kernels resize their
     outs (an empty out, or a wrongly sized one with a warning), not written through
     a view of the wrong shape."""
-    arguments_ = spec.schema.op._schema.arguments
-    outs = [
-        (k, target)
-        for k, target in enumerate(spec.targets)
-        if target is not None
-        and arguments_[target].is_out
-        and isinstance(values[target], torch.Tensor)
-    ]
+    outs = _out_tensors(spec, values)
     if not outs:
         return {}
     shapes = _eval_shapes(replace(spec, targets=(None,) * len(spec.targets)), layout)
     resize = {}
-    for k, target in outs:
+    for k, target in enumerate(spec.targets):
+        if target not in outs:
+            continue
         meta = shapes[k] if k < len(shapes) else ABSENT
         if not isinstance(meta, tuple):  # (absent, or a list of tensors)
             continue
