@@ -859,11 +859,18 @@ def _meta_run(spec: OpSpec, values: list):
     _accept_byte_indices(spec, meta_values)
     # (before the op: some meta kernels word the cast error otherwise)
     out_dtypes = _out_result_dtypes(spec, meta_values)
-    emptied = _emptied_outs(spec, meta_values)
-    if emptied is not None:
+    # A meta kernel in C++ resizing a wrongly sized out warns past any Python filter
+    # (PyTorch hands C++ warnings to the outermost Python call): a first run on emptied
+    # outs tells their shapes, and the run on the outs as given follows only when no
+    # resize is due (`_build` resizes the real outs, warning as CPU does).
+    outs = _outs_with_elements(spec, meta_values)
+    if outs:
+        emptied = list(meta_values)
+        for t in outs:
+            emptied[t] = torch.empty(0, dtype=meta_values[t].dtype, device="meta")
         result = _meta_call(spec, emptied, values)
-        if any(emptied[i].shape != meta_values[i].shape for i in _outs_with_elements(spec, values)):
-            return emptied, result, out_dtypes  # (resized: `_build` resizes the real outs)
+        if any(emptied[t].shape != meta_values[t].shape for t in outs):
+            return emptied, result, out_dtypes
     return meta_values, _meta_call(spec, meta_values, values), out_dtypes
 
 
@@ -882,21 +889,6 @@ def _outs_with_elements(spec: OpSpec, values: list) -> list[int]:
     if spec.lowering.name in _OWN_RESIZE:
         return []
     return [t for t in _out_tensors(spec, values) if values[t].numel()]
-
-
-def _emptied_outs(spec: OpSpec, meta_values: list) -> list | None:
-    """meta_values with each out= tensor that holds elements replaced by an empty one,
-    None when there is none. A meta kernel in C++ resizing a wrongly sized out warns
-    past any Python filter (PyTorch hands C++ warnings to the outermost Python call),
-    so its run on empty outs tells the shapes, and one with the outs as they are runs
-    only when no resize is due (`_meta_run`)."""
-    outs = _outs_with_elements(spec, meta_values)
-    if not outs:
-        return None
-    emptied = list(meta_values)
-    for t in outs:
-        emptied[t] = torch.empty(0, dtype=meta_values[t].dtype, device="meta")
-    return emptied
 
 
 def _meta_call(spec: OpSpec, meta_values: list, values: list):
