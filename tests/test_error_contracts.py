@@ -353,6 +353,47 @@ def test_two_outs_resized_warn_once_each_as_cpu(write, eager_mode):
     assert messages("tpu") == expected
 
 
+def _spd(n: int) -> torch.Tensor:
+    a = torch.randn(n, n, generator=torch.Generator().manual_seed(n))
+    return a @ a.T + n * torch.eye(n)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda d, out: torch.linalg.cholesky(_spd(4).to(d), out=out),
+        lambda d, out: torch.linalg.inv(_spd(4).to(d), out=out),
+        lambda d, out: torch.linalg.solve(_spd(4).to(d), torch.ones(4, 3, device=d), out=out),
+        lambda d, out: torch.linalg.solve_triangular(
+            _spd(4).tril().to(d), torch.ones(4, 2, device=d), upper=False, out=out
+        ),
+        # (pointwise: TensorIterator lays the out out as the input, where PyTorch's Python
+        # meta kernels for out= make it row-major)
+        lambda d, out: torch.exp(torch.ones(2, 3, device=d).t(), out=out),
+        lambda d, out: torch.add(
+            torch.ones(2, 3, 4, device=d).permute(2, 0, 1), 1.5, alpha=2, out=out
+        ),
+        # (a CPU fallback: CPU's kernel restrides the host copy of the out)
+        lambda d, out: torch.ormqr(_spd(4).to(d), torch.ones(4, device=d), _spd(4).to(d), out=out),
+    ],
+    ids=["cholesky", "inv", "solve", "solve_triangular", "exp-transposed", "add-permuted", "ormqr"],
+)
+@pytest.mark.parametrize("size", [0, 5], ids=["empty", "with-elements"])
+def test_resized_out_has_cpus_strides(write, size, eager_mode):
+    """CPU restrides an out= it resizes as its meta function says (column-major for
+    linalg results, the input's layout for a pointwise op); tpu left every resized out
+    row-major: equal values, other strides (`.view`, `.is_contiguous()` and
+    stride-reading code behaved otherwise)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the resize's deprecation: tested above)
+        expected = torch.empty(size)
+        write("cpu", expected)
+        out = torch.empty(size, device="tpu")
+        write("tpu", out)
+    assert (out.shape, out.stride()) == (expected.shape, expected.stride())
+    torch.testing.assert_close(out.cpu(), expected)
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fftfreq_has_cpus_negative_half(n, dtype, eager_mode):

@@ -211,7 +211,8 @@ class _Executable:
     program: object  # the pure function: compiled by the cache, or replayed in a segment
     fresh: tuple  # per fresh output: (shape, torch dtype) or a list of them
     written_slots: tuple[int, ...]
-    resize: dict  # arg index -> shape that out= arguments must be resized to first
+    # arg index -> (shape, strides or None) that out= arguments must be resized to first
+    resize: dict
     name: str = ""  # the ATen op, for metrics and segment names
     signature: list = field(default_factory=list)  # (arg, storage shape, dtype) per slot
     recheck: bool = False  # the lowering's check depends on values: run it on every call
@@ -309,12 +310,16 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
             # resizes its outs is checked after the resize, as the first call was)
             check(values)
     if entry.resize:  # out= arguments of the wrong size: resize them, then run
-        for index, shape in entry.resize.items():
+        for index, (shape, strides) in entry.resize.items():
             _warn_resized(spec, values[index], shape)
             # resize_, as CPU's resize_output: in place where the storage holds the new
             # size, so an out= view stays a view (ATen's fftfreq writes its negative half
-            # through an empty slice of its output grown this way)
+            # through an empty slice of its output grown this way); then, as CPU's out=
+            # kernels restride a resized out, the strides the meta kernel gave it
+            # (column-major for linalg results)
             values[index].resize_(shape)
+            if strides is not None:
+                values[index].as_strided_(shape, strides)
         return _run(spec, args, kwargs)
     result = _call(spec, entry, values, inputs)
     if fast is not None:  # it ran: later calls that look the same take the fast path
@@ -1121,13 +1126,41 @@ _OWN_RESIZE = {"arange.start_out": _arange_resized, "linspace.out": None, "logsp
 
 def _out_resizes(spec: OpSpec, values: list, meta_values: list) -> dict:
     """The out= arguments whose shape differs from what the meta kernel resized their
-    stand-ins to, with that shape (CPU resizes them, with a warning)."""
+    stand-ins to, with that shape and, where not row-major, those stand-ins' strides
+    (CPU resizes them, with a warning, and restrides them so)."""
     resize = {}
     for target in _out_tensors(spec, values):
-        want, out = tuple(meta_values[target].shape), values[target]
+        meta, out = meta_values[target], values[target]
+        want = tuple(meta.shape)
         if want != tuple(out.shape) and not _keeps_shape(spec, want, out):
-            resize[target] = want
+            resize[target] = (want, meta.stride())
+    if resize:
+        _functional_strides(spec, meta_values, resize)
+    for target, (want, strides) in resize.items():
+        if strides == strided.contiguous_strides(want) or not strided.is_dense(want, strides):
+            resize[target] = (want, None)
     return resize
+
+
+def _functional_strides(spec: OpSpec, meta_values: list, resize: dict) -> None:
+    """The out= variant of a pointwise op restrides each resized out as its functional's
+    result is laid out: CPU's TensorIterator lays a resized out out as the functional's
+    result (a transposed input's layout), where PyTorch's Python meta kernels for out=
+    make it row-major. (Other ops' out= meta kernels agree with CPU, or their
+    functional's layout does not: FFTs, random fills.)"""
+    functional = _functional_of(spec)
+    if functional is None or torch.Tag.pointwise not in functional.tags:
+        return
+    try:
+        results = arguments.call_op(functional, [meta_values[i] for i in spec.lowering_args])
+    except Exception:  # (no meta kernel of its own, or one that refuses: keep the out='s)
+        return
+    results = results if isinstance(results, tuple) else (results,)
+    for result, target in zip(results, spec.targets):
+        if target in resize and isinstance(result, torch.Tensor):
+            want = resize[target][0]
+            if tuple(result.shape) == want:
+                resize[target] = (want, result.stride())
 
 
 def _lowering_resizes(spec: OpSpec, values: list, layout: tuple) -> dict:
@@ -1149,7 +1182,7 @@ def _lowering_resizes(spec: OpSpec, values: list, layout: tuple) -> dict:
             continue
         want = meta[0]
         if want != tuple(values[target].shape) and not _keeps_shape(spec, want, values[target]):
-            resize[target] = want
+            resize[target] = (want, None)
     return resize
 
 

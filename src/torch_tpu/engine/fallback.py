@@ -152,6 +152,8 @@ def run_on_cpu(op, args: tuple, kwargs: dict):
             if isinstance(tpu_t, torch.Tensor) and tpu_t.device.type == DEVICE_TYPE:
                 if tpu_t.shape != cpu_t.shape:
                     tpu_t.resize_(cpu_t.shape)
+                    if tpu_t.stride() != cpu_t.stride():  # (CPU restrided its resized out)
+                        tpu_t.as_strided_(cpu_t.shape, cpu_t.stride())
                 tpu_t.copy_(cpu_t)
                 written[id(cpu_t)] = tpu_t
     return _map_result(result, written)
