@@ -315,8 +315,8 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
             # resize_, as CPU's resize_output: in place where the storage holds the new
             # size, so an out= view stays a view (ATen's fftfreq writes its negative half
             # through an empty slice of its output grown this way); then, as CPU's out=
-            # kernels restride a resized out, the strides the meta kernel gave it
-            # (column-major for linalg results)
+            # kernels restride an out they resize, the strides CPU gives it
+            # (`_out_resizes`: column-major for linalg results)
             values[index].resize_(shape)
             if strides is not None:
                 values[index].as_strided_(shape, strides)
@@ -1143,11 +1143,11 @@ def _out_resizes(spec: OpSpec, values: list, meta_values: list) -> dict:
 
 
 def _functional_strides(spec: OpSpec, meta_values: list, resize: dict) -> None:
-    """The out= variant of a pointwise op restrides each resized out as its functional's
-    result is laid out: CPU's TensorIterator lays a resized out out as the functional's
-    result (a transposed input's layout), where PyTorch's Python meta kernels for out=
-    make it row-major. (Other ops' out= meta kernels agree with CPU, or their
-    functional's layout does not: FFTs, random fills.)"""
+    """For the out= variant of a pointwise op, each resized out takes the strides of its
+    functional's result: CPU's TensorIterator gives a resized out that layout (a
+    transposed input's), where PyTorch's Python meta kernels for out= give row-major.
+    (Other ops' out= meta kernels agree with CPU, or their functional's layout does
+    not: FFTs, random fills.)"""
     functional = _functional_of(spec)
     if functional is None or torch.Tag.pointwise not in functional.tags:
         return
