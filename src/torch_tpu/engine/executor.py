@@ -1029,13 +1029,18 @@ def _describe(t) -> object:
     if t.dtype not in dtypes.TORCH_TO_JAX:  # (a RuntimeError: `x + 1j` turns a TypeError
         # into Python's "unsupported operand" message)
         raise RuntimeError(f"tpu tensors do not support dtype {t.dtype}, this op's result")
-    shape, strides = tuple(t.shape), tuple(t.stride())
-    # Keep PyTorch's output strides when they are a permutation of a dense layout
-    # (transposed results, LAPACK's column-major factors): backward formulas and
-    # user code can depend on them. Anything else is stored contiguously.
+    shape = tuple(t.shape)
+    return (shape, t.dtype, _kept_strides(shape, tuple(t.stride())))
+
+
+def _kept_strides(shape: tuple, strides: tuple) -> tuple | None:
+    """PyTorch's strides for a result, when they are a permutation of a dense layout
+    (transposed results, LAPACK's column-major factors: backward formulas and user
+    code can depend on them); None for row-major and for anything else, which is
+    stored row-major."""
     if strides == strided.contiguous_strides(shape) or not strided.is_dense(shape, strides):
-        strides = None
-    return (shape, t.dtype, strides)
+        return None
+    return strides
 
 
 def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
@@ -1126,41 +1131,42 @@ _OWN_RESIZE = {"arange.start_out": _arange_resized, "linspace.out": None, "logsp
 
 def _out_resizes(spec: OpSpec, values: list, meta_values: list) -> dict:
     """The out= arguments whose shape differs from what the meta kernel resized their
-    stand-ins to, with that shape and, where not row-major, those stand-ins' strides
-    (CPU resizes them, with a warning, and restrides them so)."""
+    stand-ins to, with that shape and the strides CPU restrides them to (`_kept_strides`
+    of the stand-in's, or of a pointwise op's functional result: `_pointwise_results`),
+    as CPU resizes them, with a warning."""
     resize = {}
-    for target in _out_tensors(spec, values):
+    outs = _out_tensors(spec, values)
+    results = None
+    for k, target in enumerate(spec.targets):
+        if target not in outs:
+            continue
         meta, out = meta_values[target], values[target]
         want = tuple(meta.shape)
-        if want != tuple(out.shape) and not _keeps_shape(spec, want, out):
-            resize[target] = (want, meta.stride())
-    if resize:
-        _functional_strides(spec, meta_values, resize)
-    for target, (want, strides) in resize.items():
-        if strides == strided.contiguous_strides(want) or not strided.is_dense(want, strides):
-            resize[target] = (want, None)
+        if want == tuple(out.shape) or _keeps_shape(spec, want, out):
+            continue
+        if results is None:
+            results = _pointwise_results(spec, meta_values)
+        laid_out = results[k] if k < len(results) else None
+        if not isinstance(laid_out, torch.Tensor) or tuple(laid_out.shape) != want:
+            laid_out = meta
+        resize[target] = (want, _kept_strides(want, tuple(laid_out.stride())))
     return resize
 
 
-def _functional_strides(spec: OpSpec, meta_values: list, resize: dict) -> None:
-    """For the out= variant of a pointwise op, each resized out takes the strides of its
-    functional's result: CPU's TensorIterator gives a resized out that layout (a
+def _pointwise_results(spec: OpSpec, meta_values: list) -> tuple:
+    """For the out= variant of a pointwise op, its functional's meta results (per
+    target), else (): CPU's TensorIterator gives a resized out that result's layout (a
     transposed input's), where PyTorch's Python meta kernels for out= give row-major.
     (Other ops' out= meta kernels agree with CPU, or their functional's layout does
     not: FFTs, random fills.)"""
     functional = _functional_of(spec)
     if functional is None or torch.Tag.pointwise not in functional.tags:
-        return
+        return ()
     try:
         results = arguments.call_op(functional, [meta_values[i] for i in spec.lowering_args])
     except Exception:  # (no meta kernel of its own, or one that refuses: keep the out='s)
-        return
-    results = results if isinstance(results, tuple) else (results,)
-    for result, target in zip(results, spec.targets):
-        if target in resize and isinstance(result, torch.Tensor):
-            want = resize[target][0]
-            if tuple(result.shape) == want:
-                resize[target] = (want, result.stride())
+        return ()
+    return results if isinstance(results, tuple) else (results,)
 
 
 def _lowering_resizes(spec: OpSpec, values: list, layout: tuple) -> dict:
