@@ -125,3 +125,41 @@ def test_mixing_pytorchs_legacy_and_new_precision_apis_keeps_ops_running(lowered
     a, b = torch.randn(3, 4), torch.randn(4, 2)
     torch.testing.assert_close((a.to("tpu") @ b.to("tpu")).cpu(), a @ b)
     assert _precisions(lowered) == {"HIGHEST"}
+
+
+def test_programs_off_xla_cpu_keep_the_roundings_they_ask_for(monkeypatch):
+    """XLA:TPU skips a bfloat16 rounding that the same program widens again (excess
+    precision), so `add(bf16, bf16, out=float32)` kept float32 bits on a v5e and an
+    autocast step's losses differed between strict, fused and compiled mode. Every
+    program off XLA:CPU (ops, fused segments, compiled graphs) must be compiled without
+    it; here the platform's name is replaced, and XLA:CPU accepts the option."""
+    from types import SimpleNamespace
+
+    from torch_tpu import platform
+    from torch_tpu.engine.modes import EagerMode
+
+    kinds: dict[str, list[dict]] = {}
+    compile_ = cache._xla_compile
+
+    def spy(lowered, options, kind, name):
+        kinds.setdefault(kind, []).append(dict(options))
+        return compile_(lowered, options, kind, name)
+
+    elsewhere = SimpleNamespace(
+        platform=lambda: "tpu", devices=platform.devices, device=platform.device
+    )
+    monkeypatch.setattr(cache, "platform", elsewhere)
+    monkeypatch.setattr(cache, "_xla_compile", spy)
+    cache.forget_lookups()
+    a = torch.tensor([1.0, 3.33], dtype=torch.bfloat16)
+    b = torch.tensor([0.001, 0.002], dtype=torch.bfloat16)
+    want = torch.add(a, b, out=torch.empty(2))
+    for mode in (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE):
+        with torch.tpu.set_eager_mode(mode):
+            got = torch.add(a.to("tpu"), b.to("tpu"), out=torch.empty(2, device="tpu"))
+            torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    compiled = torch.compile(lambda x, y: (x * y + x).float(), backend="tpu")
+    torch.testing.assert_close(compiled(a.to("tpu"), b.to("tpu")).cpu(), (a * b + a).float())
+    assert {"op", "segment", "graph"} <= set(kinds)
+    for options in (o for per_kind in kinds.values() for o in per_kind):
+        assert options["xla_allow_excess_precision"] is False

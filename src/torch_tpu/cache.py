@@ -365,8 +365,19 @@ _EXACT_PRIMITIVES = frozenset(
 )
 
 
+# XLA on a TPU (and XLA:GPU) may skip a rounding a program asks for: a bfloat16 or
+# float16 value widened again in the same program keeps its float32 bits ("excess
+# precision"). CPU rounds every op's result, so every program there is compiled without
+# it: on a v5e, `add(bf16, bf16, out=float32)` then gives CPU's rounded sum, and an
+# autocast MLP's losses are the same bits in strict, fused and compiled mode (without it
+# the three differed, and the sum kept its float32 bits). XLA:CPU already rounds.
+_ROUNDED_AS_ASKED = {"xla_allow_excess_precision": False}
+
+
 def _default_options(kind: str, traced) -> dict:
-    if kind != "op" or platform.platform() != "cpu":
+    if platform.platform() != "cpu":
+        return _ROUNDED_AS_ASKED
+    if kind != "op":
         return {}
     jaxpr = traced.jaxpr
     avals = list(jaxpr.in_avals) + list(jaxpr.out_avals)
