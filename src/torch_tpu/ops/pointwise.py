@@ -42,6 +42,8 @@ def convert(x, dtype):
         x = jnp.real(x)
     if not (jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(dtype, jnp.integer)):
         return x.astype(dtype)
+    if x.dtype.itemsize < 4:  # (exactly; float16 cannot hold the limit: inf "fits" below it)
+        x = x.astype(jnp.float32)
     via = jnp.int64 if dtype.itemsize == 8 else jnp.int32
     limit = float(2 ** (jnp.iinfo(via).bits - 1))
     whole = jnp.trunc(x)
