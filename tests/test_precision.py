@@ -9,6 +9,7 @@ TPU they differ in speed and rounding)."""
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -127,15 +128,28 @@ def test_mixing_pytorchs_legacy_and_new_precision_apis_keeps_ops_running(lowered
     assert _precisions(lowered) == {"HIGHEST"}
 
 
-def test_programs_off_xla_cpu_keep_the_roundings_they_ask_for(monkeypatch):
+@pytest.fixture
+def compiled_as_on_a_tpu(monkeypatch):
+    """The compilation cache told that the platform is a TPU (XLA:CPU still compiles,
+    and accepts the TPU's options); its once-only warnings fresh."""
+    from types import SimpleNamespace
+
+    from torch_tpu import platform
+
+    tpu = SimpleNamespace(platform=lambda: "tpu", devices=platform.devices, device=platform.device)
+    monkeypatch.setattr(cache, "platform", tpu)
+    monkeypatch.setattr(cache, "_warned", set())
+    cache.forget_lookups()
+    yield
+    cache.forget_lookups()
+
+
+def test_programs_off_xla_cpu_keep_the_roundings_they_ask_for(compiled_as_on_a_tpu, monkeypatch):
     """XLA:TPU skips a bfloat16 rounding that the same program widens again (excess
     precision), so `add(bf16, bf16, out=float32)` kept float32 bits on a v5e and an
     autocast step's losses differed between strict, fused and compiled mode. Every
     program off XLA:CPU (ops, fused segments, compiled graphs) must be compiled without
-    it; here the platform's name is replaced, and XLA:CPU accepts the option."""
-    from types import SimpleNamespace
-
-    from torch_tpu import platform
+    it."""
     from torch_tpu.engine.modes import EagerMode
 
     kinds: dict[str, list[dict]] = {}
@@ -145,12 +159,7 @@ def test_programs_off_xla_cpu_keep_the_roundings_they_ask_for(monkeypatch):
         kinds.setdefault(kind, []).append(dict(options))
         return compile_(lowered, options, kind, name)
 
-    elsewhere = SimpleNamespace(
-        platform=lambda: "tpu", devices=platform.devices, device=platform.device
-    )
-    monkeypatch.setattr(cache, "platform", elsewhere)
     monkeypatch.setattr(cache, "_xla_compile", spy)
-    cache.forget_lookups()
     a = torch.tensor([1.0, 3.33], dtype=torch.bfloat16)
     b = torch.tensor([0.001, 0.002], dtype=torch.bfloat16)
     want = torch.add(a, b, out=torch.empty(2))
@@ -163,3 +172,25 @@ def test_programs_off_xla_cpu_keep_the_roundings_they_ask_for(monkeypatch):
     assert {"op", "segment", "graph"} <= set(kinds)
     for options in (o for per_kind in kinds.values() for o in per_kind):
         assert options["xla_allow_excess_precision"] is False
+
+
+def test_float64_on_a_tpu_warns_once_that_it_is_emulated(compiled_as_on_a_tpu):
+    """A TPU emulates float64 with float32's exponent range (on a v5e `x * 1e300` gave
+    inf and `x * 1e-45` gave 0): the first float64 program says so, once; float32
+    programs say nothing."""
+    x = torch.randn(6, 7)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close((x.to("tpu") * 3.5).cpu(), x * 3.5)
+        assert not caught, [(w.category, str(w.message)[:300]) for w in caught]
+        torch.testing.assert_close((x.double().to("tpu") * 2.5).cpu(), x.double() * 2.5)
+        torch.testing.assert_close((x.double().to("tpu") - 1.5).cpu(), x.double() - 1.5)
+    emulated = [w for w in caught if "float64 on a TPU is emulated" in str(w.message)]
+    assert len(emulated) == 1 and emulated[0].category is RuntimeWarning
+
+
+def test_float64_on_xla_cpu_does_not_warn():
+    x = torch.randn(6, 9, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close((x.to("tpu") * 4.5).cpu(), x * 4.5)

@@ -271,6 +271,8 @@ def _prepare(fn, example_args, kind, options, donate_argnums, traced) -> tuple:
         traced = _trace(fn, example_args, donate_argnums)
     lowered = _lower(traced)
     options = {**_default_options(kind, traced), **_options, **(options or {})}
+    if "float64" not in _warned and platform.platform() == "tpu":
+        _warn_of_emulated_float64(traced)
     text = _program_text(lowered)
     key = _key(_placement_free(text) if kind == "op" else text, options)
     executable = _memory.get(key)
@@ -388,6 +390,22 @@ def _default_options(kind: str, traced) -> dict:
     if not _only_exact(jaxpr.jaxpr):
         return {}
     return _SMALL_PROGRAM_OPTIONS
+
+
+def _warn_of_emulated_float64(traced) -> None:
+    """A TPU has no float64 arithmetic: XLA emulates it with pairs of float32, with
+    float32's exponent range. Measured on a v5e: float64 `x * 1e300` gave inf, `x * 1e-45`
+    gave 0 and `-0.0 * 1.5` gave 0.0, where CPU keeps all three; no error says so.
+    Results are looked at, not arguments: Python numbers travel as float64 scalars."""
+    if any(getattr(a, "dtype", None) == jnp.float64 for a in traced.jaxpr.out_avals):
+        _warn_once(
+            "float64",
+            "float64 on a TPU is emulated by XLA with float32's exponent range: magnitudes "
+            "above about 3.4e38 become inf, below about 1.2e-38 become 0, and about 3 more "
+            "digits than float32 are kept, not float64's 16 (docs/differences.md). Results "
+            "can differ from CPU's without an error; compute in float32, or keep float64 "
+            "work on the CPU",
+        )
 
 
 def _only_exact(jaxpr) -> bool:
