@@ -1,6 +1,7 @@
-"""Index values out of range: CPU refuses them at the call; tpu checks them on the device
-and raises CPU's error type at the next host read, in every eager mode (before, strict
-and fused modes clamped or dropped them and returned wrong numbers without an error)."""
+"""Index values out of range (and zeros in an integer divisor, a negative std): CPU
+refuses them at the call; tpu checks them on the device and raises CPU's error type at
+the next host read, in every eager mode (before, strict and fused modes clamped or
+dropped them and returned wrong numbers without an error)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,10 @@ CASES = {
     "max_unpool3d past the volume": lambda d: F.max_unpool3d(
         torch.ones(1, 1, 1, 1, 2, device=d), _t([[[[[0, 16]]]]], d), 2
     ),
+    "normal with a negative std": lambda d: torch.normal(
+        torch.zeros(2, device=d), torch.tensor([1.0, -1.0], device=d)
+    ),
+    "normal with a NaN std": lambda d: torch.normal(0.5, torch.tensor([float("nan")], device=d)),
 }
 
 
@@ -119,6 +124,7 @@ def test_values_cpu_accepts_compute_cpus_results_without_an_error(mode):
         lambda d: F.max_unpool2d(
             torch.ones(1, 2, 1, 2, device=d), _t([[[[0, 7]], [[0, 1]]]], d), 2
         ),
+        lambda d: torch.normal(torch.ones(2, device=d), torch.tensor([0.0, -0.0], device=d)),
     ]
     with torch.tpu.set_eager_mode(mode):
         for fn in cases:
@@ -151,3 +157,66 @@ def test_compiled_graphs_check_index_values_too():
             compiled(_t(tokens, "tpu"), _t(target, "tpu")).item()
     compiled(*good).backward()  # the graph goes on, with its backward
     assert embedding.weight.grad[1:3].abs().sum().item() > 0
+
+
+DIVISIONS = {
+    "x // y": lambda x, y: x // y,
+    "remainder": torch.remainder,
+    "fmod": torch.fmod,
+    "div trunc": lambda x, y: torch.div(x, y, rounding_mode="trunc"),
+    "div floor out=": lambda x, y: torch.div(x, y, rounding_mode="floor", out=torch.empty_like(x)),
+    "number % y": lambda x, y: torch.remainder(5, y),
+    "x //= y": lambda x, y: x.clone().floor_divide_(y),
+    "uint8 %": lambda x, y: x.to(torch.uint8) % y.to(torch.uint8),
+}
+
+
+@pytest.mark.parametrize("case", DIVISIONS)
+def test_an_integer_division_by_a_device_zero_raises_cpus_error(case, eager_mode):
+    """CPU raises `RuntimeError: ZeroDivisionError` for a zero in an integer divisor;
+    tpu gave XLA's quotients (-1, x, ...) without an error when the divisor was a tpu
+    tensor."""
+    fn = DIVISIONS[case]
+    x, y = torch.tensor([7, -8, 9]), torch.tensor([2, 0, 3])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(x, y)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(x.to("tpu"), y.to("tpu")).cpu()
+    nonzero = torch.tensor([2, -5, 3])
+    torch.testing.assert_close(fn(x.to("tpu"), nonzero.to("tpu")).cpu(), fn(x, nonzero))
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_divisions_that_cannot_divide_an_integer_by_zero_carry_no_check(mode):
+    """Float divisions (inf and NaN, as on CPU), a divisor given as a number (checked on
+    the host at the call) and an empty result leave nothing for the next read to check:
+    no flag, and strict mode's plain fast path."""
+    from torch_tpu.engine import device_asserts
+
+    x, y = torch.tensor([7, -8, 9]), torch.tensor([2, 0, 3])
+    tx, ty = x.to("tpu"), y.to("tpu")
+    with torch.tpu.set_eager_mode(mode):
+        torch.tpu.synchronize()
+        results = [tx.float() // ty, torch.fmod(tx, ty.double()), tx // 2, tx % 3]
+        assert not device_asserts._unread
+        for got, want in zip(results, [x.float() // y, torch.fmod(x, y.double()), x // 2, x % 3]):
+            torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            tx // 0
+        empty = torch.empty(0, 3, dtype=torch.int64)
+        torch.testing.assert_close((empty.to("tpu") // ty).cpu(), empty // y)
+
+
+def test_compiled_graphs_check_integer_divisors_too():
+    def fn(x, y):
+        return (x // y + x % y) * 2
+
+    compiled = torch.compile(fn, backend="tpu")
+    x = torch.tensor([7, -8, 9])
+    good = torch.tensor([2, -5, 3])
+    torch.testing.assert_close(compiled(x.to("tpu"), good.to("tpu")).cpu(), fn(x, good))
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compiled(x.to("tpu"), torch.tensor([2, 0, 3], device="tpu")).cpu()
+    floats = compiled(x.float().to("tpu"), torch.tensor([2.0, 0.0, 3.0], device="tpu"))
+    want = fn(x.float(), torch.tensor([2.0, 0.0, 3.0]))
+    torch.testing.assert_close(floats.cpu(), want, equal_nan=True)

@@ -1,4 +1,4 @@
-"""Index values checked on the device, reported at the next host read.
+"""Index values and integer divisors checked on the device, reported at the next host read.
 
 CPU refuses an
 out-of-range index at the call. Reading index values there would cost tpu a host sync
@@ -30,6 +30,17 @@ _flag: torch.Tensor | None = None  # 0-d int32 tpu tensor: the first failure's c
 _unread = False  # a checked op ran since the flag was last read
 # (array, flag value): a compiled training step's loss storage, [loss, that flag value]
 _carrier: tuple | None = None
+
+
+def checks(lowering, values: list) -> bool:
+    """Whether a call of this lowering with these (bound) arguments checks values on
+    the device: its lowering has a device check that applies to them. The answer depends
+    only on what an executable is keyed by (argument kinds, dtypes), so every call of one
+    executable carries the flag, or none does."""
+    if lowering.device_check is None:
+        return False
+    applies = lowering.device_check_applies
+    return applies is None or applies(values)
 
 
 def flag_storage():
@@ -111,7 +122,8 @@ def raise_if_failed() -> None:
         op, error, message = _ERRORS[code]
         raise error(
             f"{message} (tpu: found in a call of {op} since the last host read; tpu "
-            "checks index values on the device and reports them at the next read of a "
+            "checks index values and integer divisors on the device and reports them at "
+            "the next read of a "
             "value, as CUDA's device-side asserts do; eager debug mode, "
             "torch.tpu.set_eager_mode('debug'), stops at the call itself)"
         )

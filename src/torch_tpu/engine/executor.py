@@ -220,6 +220,8 @@ class _Executable:
     # written_slots less the device-check flag's (engine/device_asserts.py): what strict
     # mode donates (a 4-byte flag is not worth a donating executable of its own)
     donated_slots: tuple[int, ...] = ()
+    # its calls carry the device-check flag in their last slot (`device_asserts.checks`)
+    checked: bool = False
     # strict mode's repeat calls of a plain entry (`_plain_call`): None until it is
     # compiled, False for an entry that is not plain
     plain: object = None
@@ -287,7 +289,7 @@ def _run(spec: OpSpec, args: tuple, kwargs: dict):
                 return _record(spec, entry, values, fast[1], fast[2])
     inputs = _Inputs()
     layout = _layout(spec, values, inputs)
-    if spec.lowering.device_check is not None:
+    if device_asserts.checks(spec.lowering, values):
         inputs.storages.append(device_asserts.flag_storage())  # (the last slot)
     key = (spec, layout)
     entry = _CACHE.get(key)
@@ -335,7 +337,7 @@ def _plain_maker(spec: OpSpec, entry: _Executable) -> Fresh | None:
         type(maker) is not Fresh  # (an absent output or a list of them)
         or entry.written_slots
         or spec.lowering.random
-        or spec.lowering.device_check is not None
+        or entry.checked
         or spec.schema.return_aliases != (None,)
     ):
         return None
@@ -381,7 +383,7 @@ def _plain_record(spec: OpSpec, entry: _Executable):
         entry.fresh
         or len(entry.written_slots) != 1
         or spec.lowering.random
-        or spec.lowering.device_check is not None
+        or entry.checked
         or len(aliases) != 1
         or aliases[0] is None
     ):
@@ -630,7 +632,7 @@ def _drawn_in_bucket(spec: OpSpec, entry: _Executable, values: list) -> bool:
 def _results(spec: OpSpec, entry: _Executable, values: list, storages: list, fresh, written):
     for slot, value in zip(entry.written_slots, written):
         storages[slot].value = value
-    if spec.lowering.device_check is not None:
+    if entry.checked:
         device_asserts.noted()
     makers = _MAKERS.get(entry)
     if makers is None:
@@ -690,8 +692,7 @@ def _recordable(spec: OpSpec, entry: _Executable, storages: list) -> bool:
     no index on the device and writes no storage that was never written (reading it
     would materialise zeros; executed, strict mode skips them). A window that fails
     gives back what it wrote (`fuse._restore`)."""
-    lowering = spec.lowering
-    if lowering.random or lowering.device_check is not None:
+    if spec.lowering.random or entry.checked:
         return False
     return all(storages[slot].value is not None for slot in entry.donated_slots)
 
@@ -1105,7 +1106,7 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
             written.extend(slot for slot, _ in refs if slot not in written)
     donated = tuple(written)
     flag_slot = None
-    if spec.lowering.device_check is not None:
+    if device_asserts.checks(spec.lowering, values):
         flag_slot = len(_abstract_storages(layout))  # (appended after the arguments')
         written.append(flag_slot)
     program = _program(spec, layout, fresh_meta, tuple(written), out_dtypes, flag_slot)
@@ -1118,6 +1119,7 @@ def _build(spec: OpSpec, values: list, layout: tuple) -> _Executable:
         spec.schema.name,
         _signature(spec, layout),
         donated_slots=donated,
+        checked=flag_slot is not None,
         spec=spec,
     )
 

@@ -93,7 +93,7 @@ def signature(spec, values: list):
                 dynamic.append(v)
         else:  # index lists: CPU indices and None entries, the general path's job
             return None
-    if spec.lowering.device_check is not None:
+    if spec.lowering.device_check is not None and device_asserts.checks(spec.lowering, values):
         storages.append(device_asserts.flag_storage())  # (as the general path: last)
     return tuple(key), storages, dynamic
 

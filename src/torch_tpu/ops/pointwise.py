@@ -293,11 +293,65 @@ def _check_integer_division(values: list) -> bool:
     if isinstance(other, torch.Tensor) and (other.is_floating_point() or other.is_complex()):
         return False
     divisor = _host_number(other)
+    if divisor is None and _divides_by_device_integers(values):
+        return _read_in_debug_mode(self, other)
     if divisor is None or isinstance(divisor, (float, complex)):
         return False
     if divisor == 0:
         raise RuntimeError("ZeroDivisionError")
     return True
+
+
+def _divides_by_device_integers(values: list) -> bool:
+    """An integer division whose divisor is a tpu tensor: CPU raises for a zero in it,
+    which only the device can see without a sync (engine/device_asserts.py). A divisor
+    on the host is `_check_integer_division`'s; floats divide by zero as CPU does."""
+    self, other = values[0], values[1]
+    if len(values) > 2 and values[2] is None:  # div without a rounding mode: true division
+        return False
+    return (
+        isinstance(other, torch.Tensor)
+        and other.device.type != "cpu"
+        and _integral(self)
+        and _integral(other)
+    )
+
+
+def _read_in_debug_mode(self: torch.Tensor, other: torch.Tensor) -> bool:
+    """Debug mode stops at the call, as CPU does: it reads a device divisor (a sync);
+    the other modes leave it to the device (`_zero_divisors`)."""
+    from ..engine import modes
+
+    if modes.current is not modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
+        return False
+    empty = not math.prod(torch.broadcast_shapes(self.shape, other.shape))
+    if not empty and bool((other == 0).any()):
+        raise RuntimeError("ZeroDivisionError")
+    return True  # (debug mode runs its checks on every call)
+
+
+def _integral(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _zero_divisors(self, other, rounding_mode="floor") -> list:
+    """In the program: CPU's ZeroDivisionError for a zero among an integer divisor's
+    elements, unless the result is empty (CPU divides nothing then)."""
+    if rounding_mode is None or _is_scalar(other):
+        return []
+    if not (_is_int(jnp.asarray(self)) and _is_int(other)):
+        return []
+    if not math.prod(jnp.broadcast_shapes(jnp.shape(self), jnp.shape(other))):
+        return []
+    return [(jnp.any(other == 0), RuntimeError, "ZeroDivisionError")]
+
+
+_ZERO_DIVISORS = {
+    "device_check": _zero_divisors,
+    "device_check_applies": _divides_by_device_integers,
+}
 
 
 def _check_rounded_division(values: list) -> bool:
@@ -312,21 +366,23 @@ _ROUNDED_DIVISIONS = {
 }
 
 
-@lower("div.Tensor_mode", "div.Scalar_mode", check=_check_rounded_division)
+@lower("div.Tensor_mode", "div.Scalar_mode", check=_check_rounded_division, **_ZERO_DIVISORS)
 def div_mode(self, other, rounding_mode=None):
     if rounding_mode is None:
         return jnp.true_divide(*_cast(Promo.INT_TO_FLOAT, self, other, exact_other=True))
     return _ROUNDED_DIVISIONS[rounding_mode](self, other)
 
 
-lower("floor_divide.default", "floor_divide.Scalar", check=_check_integer_division)(
-    _ROUNDED_DIVISIONS["floor"]
-)
-lower("remainder.Tensor", "remainder.Scalar", check=_check_integer_division)(
+lower(
+    "floor_divide.default", "floor_divide.Scalar", check=_check_integer_division, **_ZERO_DIVISORS
+)(_ROUNDED_DIVISIONS["floor"])
+lower("remainder.Tensor", "remainder.Scalar", check=_check_integer_division, **_ZERO_DIVISORS)(
     _binary(jnp.remainder)
 )
-lower("remainder.Scalar_Tensor")(_binary(jnp.remainder))
-lower("fmod.Tensor", "fmod.Scalar", check=_check_integer_division)(_binary(jnp.fmod))
+lower("remainder.Scalar_Tensor", **_ZERO_DIVISORS)(_binary(jnp.remainder))
+lower("fmod.Tensor", "fmod.Scalar", check=_check_integer_division, **_ZERO_DIVISORS)(
+    _binary(jnp.fmod)
+)
 
 
 def _int_power(base, exponent):

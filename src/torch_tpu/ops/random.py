@@ -15,7 +15,7 @@ import torch
 from .. import dtypes
 from ..rng import draw
 from .nn import _up, leaky_relu
-from .pointwise import check_fill_value, scalar_type_name
+from .pointwise import _is_scalar, check_fill_value, scalar_type_name
 from .registry import lower
 
 
@@ -62,18 +62,33 @@ def _normal_like(key, mean, std):
     return draw(jax.random.normal, key, shape, _float_dtype(dtype)) * std + mean
 
 
+_NEGATIVE_STD = "normal expects all elements of std >= 0.0"
+
+
 def _check_std(values: list) -> bool:
-    """CPU's refusal of a negative std in a tensor: read where it is free (a host
-    tensor) or in debug mode, as index values are (docs/differences.md)."""
+    """CPU's refusal of a negative (or NaN) std in a tensor, read where it is free: a
+    host tensor, or in debug mode. A tpu std is judged on the device (`_negative_std`)."""
     from ..engine import modes
 
     std = values[1]
     if not isinstance(std, torch.Tensor):
         return False  # a number: PyTorch's meta kernel checks it
     readable = std.is_cpu or modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
-    if std.numel() and readable and bool((std < 0).any()):
-        raise RuntimeError("normal expects all elements of std >= 0.0")
+    if std.numel() and readable and not bool((std >= 0).all()):
+        raise RuntimeError(_NEGATIVE_STD)
     return True  # depends on the values
+
+
+def _std_on_the_device(values: list) -> bool:
+    std = values[1]
+    return isinstance(std, torch.Tensor) and not std.is_cpu
+
+
+def _negative_std(mean, std, generator=None) -> list:
+    """In the program: CPU's refusal of a std below 0 or NaN (engine/device_asserts.py)."""
+    if _is_scalar(std) or not jnp.size(std):  # (a number: PyTorch's meta kernel's)
+        return []
+    return [(~jnp.all(std >= 0), RuntimeError, _NEGATIVE_STD)]
 
 
 @lower(
@@ -82,6 +97,8 @@ def _check_std(values: list) -> bool:
     "normal.Tensor_Tensor",
     random=True,
     check=_check_std,
+    device_check=_negative_std,
+    device_check_applies=_std_on_the_device,
 )
 def normal_tensor(key, mean, std, generator=None):
     return _normal_like(key, mean, std)

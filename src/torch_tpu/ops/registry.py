@@ -50,6 +50,11 @@ class Lowering:
     # modes; engine/device_asserts.py): called in the program with the lowering's inputs,
     # returns [(traced bool "some value is out of range", error type, CPU's message)]
     device_check: Callable[..., list] | None = None
+    # called with the op's bound arguments: whether this call needs device_check at all
+    # (None: every call does). A call without it carries no flag and keeps every fast
+    # path: integer division checks its divisor only when that is a device tensor of
+    # integers (a number is judged on the host, floats divide by zero as CPU does)
+    device_check_applies: Callable[[list], bool] | None = None
     # PyTorch's meta kernel lays the result out otherwise than CPU's kernel (a
     # convolution of channels_last tensors: contiguous on meta, channels_last on CPU):
     # called with the meta arguments and the meta result, returns the result as CPU
@@ -107,6 +112,7 @@ def lower(
     runtime_floats: tuple[str, ...] = (),
     check: Callable[[list], None] | None = None,
     device_check: Callable[..., list] | None = None,
+    device_check_applies: Callable[[list], bool] | None = None,
     result_layout: Callable[[list, object], object] | None = None,
     replace: bool = False,
 ) -> Callable[[Callable], Callable]:
@@ -131,6 +137,7 @@ def lower(
                 runtime_floats=runtime_floats,
                 check=check,
                 device_check=device_check,
+                device_check_applies=device_check_applies,
                 result_layout=result_layout,
             )
         return fn
