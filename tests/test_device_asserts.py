@@ -75,6 +75,24 @@ CASES = {
         torch.zeros(2, device=d), torch.tensor([1.0, -1.0], device=d)
     ),
     "normal with a NaN std": lambda d: torch.normal(0.5, torch.tensor([float("nan")], device=d)),
+    "binary_cross_entropy input above 1": lambda d: F.binary_cross_entropy(
+        torch.tensor([0.5, 1.5], device=d), torch.tensor([0.0, 1.0], device=d)
+    ),
+    "binary_cross_entropy NaN input": lambda d: F.binary_cross_entropy(
+        torch.tensor([float("nan")], device=d), torch.tensor([1.0], device=d)
+    ),
+    "binary_cross_entropy target 2": lambda d: F.binary_cross_entropy(
+        torch.tensor([0.5], device=d), torch.tensor([2.0], device=d)
+    ),
+    "bernoulli p above 1": lambda d: torch.bernoulli(torch.tensor([0.5, 1.5], device=d)),
+    "bernoulli_ negative p": lambda d: torch.zeros(2, device=d).bernoulli_(
+        torch.tensor([0.2, -0.1], device=d)
+    ),
+    "multinomial negative": lambda d: torch.multinomial(torch.tensor([0.5, -0.5, 1], device=d), 2),
+    "multinomial inf": lambda d: torch.multinomial(torch.tensor([1.0, float("inf")], device=d), 1),
+    "multinomial row of zeros": lambda d: torch.multinomial(
+        torch.tensor([[0.0, 0.0], [1.0, 1.0]], device=d), 4, replacement=True
+    ),
 }
 
 
@@ -125,6 +143,11 @@ def test_values_cpu_accepts_compute_cpus_results_without_an_error(mode):
             torch.ones(1, 2, 1, 2, device=d), _t([[[[0, 7]], [[0, 1]]]], d), 2
         ),
         lambda d: torch.normal(torch.ones(2, device=d), torch.tensor([0.0, -0.0], device=d)),
+        lambda d: F.binary_cross_entropy(
+            torch.tensor([0.0, 1.0, 0.5], device=d), torch.tensor([0.0, 1.0, 1.0], device=d)
+        ),
+        lambda d: torch.bernoulli(torch.tensor([0.0, 1.0], device=d)),
+        lambda d: torch.multinomial(torch.tensor([[0.0, 2.0], [1.0, 0.0]], device=d), 1),
     ]
     with torch.tpu.set_eager_mode(mode):
         for fn in cases:

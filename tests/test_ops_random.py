@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import pytest
@@ -219,6 +220,20 @@ def test_binomial_refuses_what_cpu_refuses():
             torch.binomial(count, prob)
         with pytest.raises(type(on_cpu.value), match=str(on_cpu.value)[:40]):
             torch.binomial(count.to("tpu"), prob.to("tpu"))
+
+
+@pytest.mark.parametrize("p", [1.5, -0.25, float("nan")])
+def test_bernoulli_probability_numbers_outside_0_1_raise_as_on_cpu(eager_mode, p):
+    """A probability given as a number is judged at the call, as CPU does; tpu drew with
+    it (all ones for 1.5) until 2026-12-07. The same number again still raises (a
+    repeat call takes the fast path)."""
+    for call in (lambda t: t.bernoulli_(p), lambda t: torch.bernoulli(t, p)):
+        with pytest.raises(RuntimeError) as on_cpu:
+            call(torch.zeros(3))
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match=re.escape(str(on_cpu.value))):
+                call(torch.zeros(3, device="tpu"))
+    torch.testing.assert_close(torch.zeros(3, device="tpu").bernoulli_(1.0).cpu(), torch.ones(3))
 
 
 def test_poisson_negative_rate_is_reported_as_on_cpu():

@@ -924,7 +924,22 @@ def huber_loss_backward(grad_output, self, target, reduction, delta):
     return g * jnp.clip(diff, -delta, delta)
 
 
-@lower("binary_cross_entropy.default")
+def outside_unit_interval(x):
+    """Traced: whether any element of x lies outside [0, 1] (NaN does)."""
+    return ~jnp.all((x >= 0) & (x <= 1))
+
+
+def _probabilities_outside(self, target, *rest) -> list:
+    """CPU's refusals of a probability or target outside [0, 1], judged on the device
+    (engine/device_asserts.py)."""
+    words = "all elements of {} should be between 0 and 1"
+    return [
+        (outside_unit_interval(self), RuntimeError, words.format("input")),
+        (outside_unit_interval(target), RuntimeError, words.format("target")),
+    ]
+
+
+@lower("binary_cross_entropy.default", device_check=_probabilities_outside)
 def binary_cross_entropy(self, target, weight=None, reduction=_MEAN):
     x, t = _up(self), _up(target)
     loss = (t - 1) * jnp.maximum(jnp.log1p(-x), -100) - t * jnp.maximum(jnp.log(x), -100)

@@ -14,7 +14,7 @@ import torch
 
 from .. import dtypes
 from ..rng import draw
-from .nn import _up, leaky_relu
+from .nn import _up, leaky_relu, outside_unit_interval
 from .pointwise import _is_scalar, check_fill_value, scalar_type_name
 from .registry import lower
 
@@ -126,17 +126,41 @@ def geometric_(key, self, p, generator=None):
     return jnp.floor(jnp.log1p(-u) / jnp.log1p(-p)) + 1
 
 
-@lower("bernoulli_.float", random=True, elementwise_draw=True)
+def _check_p(values: list) -> bool:
+    """CPU's refusal of a probability number outside [0, 1], judged at every call (the
+    number is passed at run time)."""
+    p = values[1]
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
+    return True
+
+
+# CPU's words for a probability tensor with an element outside [0, 1] (or NaN)
+_P_OUTSIDE = (
+    "Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error message "
+    "be improved?  If so, please report an enhancement request to PyTorch.)"
+)
+
+
+@lower("bernoulli_.float", random=True, elementwise_draw=True, check=_check_p)
 def bernoulli_float(key, self, p=0.5, generator=None):
     return _uniform(key, self.shape, jnp.float32) < p
 
 
-@lower("bernoulli_.Tensor", random=True)
+def _p_tensor_outside(self, p, generator=None) -> list:
+    return [(outside_unit_interval(p), RuntimeError, _P_OUTSIDE)]
+
+
+@lower("bernoulli_.Tensor", random=True, device_check=_p_tensor_outside)
 def bernoulli_tensor(key, self, p, generator=None):
     return _uniform(key, self.shape, _float_dtype(p.dtype)) < jnp.broadcast_to(p, self.shape)
 
 
-@lower("bernoulli.default", random=True)
+def _self_outside(self, generator=None) -> list:
+    return [(outside_unit_interval(self), RuntimeError, _P_OUTSIDE)]
+
+
+@lower("bernoulli.default", random=True, device_check=_self_outside)
 def bernoulli(key, self, generator=None):
     return _uniform(key, self.shape, _float_dtype(self.dtype)) < self
 
@@ -311,7 +335,23 @@ def randperm(key, n, generator=None, out=None):
     return jax.random.permutation(key, n).astype(out.dtype)
 
 
-@lower("multinomial.default", random=True)
+def _invalid_distribution(self, num_samples, replacement=False, generator=None) -> list:
+    """CPU's refusals of multinomial's probabilities, judged on the device."""
+    return [
+        (
+            ~jnp.all(jnp.isfinite(self) & (self >= 0)),
+            RuntimeError,
+            "probability tensor contains either `inf`, `nan` or element < 0",
+        ),
+        (
+            jnp.any(jnp.sum(self, axis=-1) <= 0),
+            RuntimeError,
+            "invalid multinomial distribution (sum of probabilities <= 0)",
+        ),
+    ]
+
+
+@lower("multinomial.default", random=True, device_check=_invalid_distribution)
 def multinomial(key, self, num_samples, replacement=False, generator=None):
     """With replacement: independent categorical draws. Without: the top-k of
     Gumbel-perturbed log-probabilities, which samples without replacement."""
