@@ -90,6 +90,21 @@ CASES = {
     ),
     "multinomial negative": lambda d: torch.multinomial(torch.tensor([0.5, -0.5, 1], device=d), 2),
     "multinomial inf": lambda d: torch.multinomial(torch.tensor([1.0, float("inf")], device=d), 1),
+    "multi_margin_loss class past the classes": lambda d: F.multi_margin_loss(
+        _scores(d), _t([0, 1, 5, 2], d)
+    ),
+    "multi_margin_loss negative class": lambda d: F.multi_margin_loss(
+        _scores(d), _t([0, -1, 1, 2], d)
+    ),
+    "multilabel_margin_loss class past the classes": lambda d: F.multilabel_margin_loss(
+        _scores(d)[:1, :3], _t([[0, 3, -1]], d)
+    ),
+    "multilabel_margin_loss below -1": lambda d: F.multilabel_margin_loss(
+        _scores(d)[:1, :3], _t([[0, -2, 1]], d)
+    ),
+    "index_copy past the end": lambda d: torch.zeros(3, device=d).index_copy(
+        0, _t([5], d), torch.ones(1, device=d)
+    ),
     "multinomial row of zeros": lambda d: torch.multinomial(
         torch.tensor([[0.0, 0.0], [1.0, 1.0]], device=d), 4, replacement=True
     ),
@@ -148,6 +163,8 @@ def test_values_cpu_accepts_compute_cpus_results_without_an_error(mode):
         ),
         lambda d: torch.bernoulli(torch.tensor([0.0, 1.0], device=d)),
         lambda d: torch.multinomial(torch.tensor([[0.0, 2.0], [1.0, 0.0]], device=d), 1),
+        lambda d: F.multi_margin_loss(_scores(d), _t([0, 4, 1, 2], d)),
+        lambda d: F.multilabel_margin_loss(_scores(d)[:2, :3], _t([[0, -1, 2], [2, 1, -1]], d)),
     ]
     with torch.tpu.set_eager_mode(mode):
         for fn in cases:

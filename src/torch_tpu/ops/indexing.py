@@ -237,10 +237,13 @@ def _check_broadcast(source: tuple, target: tuple) -> None:
         )
 
 
-def _along_check(error: type, message: str | None = None, wraps: bool = False):
+def _along_check(
+    error: type, message: str | None = None, wraps: bool = False, prefix: str = ""
+):
     """A check for ops indexing along one dim (gather, scatter, index_select...): CPU's
     error for an index into an empty dim, and, in debug mode, for out-of-range values;
-    negative ones are out of range unless the op `wraps` them (index_fill), as on CPU."""
+    negative ones are out of range unless the op `wraps` them (index_fill), as on CPU.
+    prefix: the op's name before CPU's words ("index_copy_(): ")."""
     lowest = -1 if wraps else 0
 
     def check(values: list) -> bool:
@@ -257,7 +260,8 @@ def _along_check(error: type, message: str | None = None, wraps: bool = False):
                 if not lowest * size <= bad < size:
                     raise error(
                         message
-                        or f"index {bad} is out of bounds for dimension {dim} with size {size}"
+                        or f"{prefix}index {bad} is out of bounds for dimension {dim} with "
+                        f"size {size}"
                     )
         return False
 
@@ -267,6 +271,7 @@ def _along_check(error: type, message: str | None = None, wraps: bool = False):
 _check_gather = _along_check(RuntimeError)
 _check_wrapping = _along_check(IndexError, wraps=True)  # (index_fill: CPU says IndexError)
 _check_index_select = _along_check(IndexError, "index out of range in self")
+_check_index_copy = _along_check(IndexError, prefix="index_copy_(): ")
 
 
 def outside(index, lowest: int, size: int):
@@ -290,6 +295,7 @@ def _along_device_check(error: type, message: str | None = None, wraps: bool = F
 _gather_device_check = _along_device_check(RuntimeError)
 _index_select_device_check = _along_device_check(IndexError, "index out of range in self")
 _index_fill_device_check = _along_device_check(IndexError, wraps=True)
+_index_copy_device_check = _along_device_check(IndexError)
 
 
 def _indices_device_check(self, indices, *rest) -> list:
@@ -636,7 +642,7 @@ def index_reduce(self, index, source, reduce, include_self=True):
     return _reduce_at(self, index, source, reduce, include_self)
 
 
-@lower("index_copy.default", check=_check_gather, device_check=_gather_device_check)
+@lower("index_copy.default", check=_check_index_copy, device_check=_index_copy_device_check)
 @_along
 def index_copy(self, index, source):
     return self.at[index].set(source.astype(self.dtype), mode="drop")

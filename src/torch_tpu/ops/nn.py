@@ -756,11 +756,18 @@ def _check_multi_margin_loss(values: list) -> None:
     _check_scalar_type(weight, self.dtype)
 
 
+def _class_outside(self, target, *rest) -> list:
+    """CPU's refusal of a target class outside [0, classes), judged on the device."""
+    classes = self.shape[-1] if self.ndim else 1
+    return [(jnp.any((target < 0) | (target >= classes)), RuntimeError, "target out of range")]
+
+
 @lower(
     "multi_margin_loss.default",
     static_scalars=True,
     skip_meta=True,
     check=_check_multi_margin_loss,
+    device_check=_class_outside,
 )
 def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN):
     """Each sample: the mean over the other classes of max(0, margin - x[y] + x[j])^p,
@@ -838,10 +845,19 @@ def _check_multilabel_margin_loss(values: list) -> None:
     _check_scalar_type(target, torch.long)
 
 
+def _listed_class_outside(self, target, *rest) -> list:
+    """CPU's refusal of a multilabel target entry below -1 or not below the classes
+    (after the first -1 too), judged on the device."""
+    classes = self.shape[-1] if self.ndim else 1
+    bad = jnp.any((target < -1) | (target >= classes))
+    return [(bad, RuntimeError, "argument #2 'target' is out of range")]
+
+
 @lower(
     "multilabel_margin_loss_forward.default",
     skip_meta=True,
     check=_check_multilabel_margin_loss,
+    device_check=_listed_class_outside,
 )
 def multilabel_margin_loss_forward(self, target, reduction):
     """Each sample: over its listed classes t (the target's entries before the first
