@@ -167,6 +167,19 @@ def test_cholesky_ex_with_check_errors_raises():
     assert torch.linalg.cholesky_ex(_SINGULAR.to("tpu")).info.item() > 0
 
 
+@pytest.mark.parametrize("upper", [False, True])
+@pytest.mark.filterwarnings("ignore:torch.cholesky is deprecated")
+def test_deprecated_cholesky_of_a_matrix_that_is_not_positive_definite_raises(upper, eager_mode):
+    """torch.cholesky (deprecated, still in older code) returned NaNs on tpu where CPU
+    raises; a positive-definite batch still factors as CPU's, strides included."""
+    assert_same_error(lambda d: torch.cholesky(_SINGULAR.to(d), upper=upper))
+    a = _well_conditioned(3, 3)
+    batch = torch.stack([a @ a.mT, a.mT @ a])
+    got, want = torch.cholesky(batch.to("tpu"), upper=upper), torch.cholesky(batch, upper=upper)
+    torch.testing.assert_close(got.cpu(), want)
+    assert got.stride() == want.stride()
+
+
 @pytest.mark.parametrize("left", [True, False])
 def test_solve_and_inverse_gradients(left):
     a = _well_conditioned(3, 3)

@@ -83,6 +83,16 @@ _RAISE_ON_INFO = {
 }
 
 
+def _legacy_cholesky(self: torch.Tensor, upper: bool = False) -> torch.Tensor:
+    """torch.cholesky as CPU's kernel runs it: the factor and its `info`, read (a sync,
+    as on CPU and CUDA) to raise CPU's LinAlgError for a matrix that is not positive
+    definite; the lowering alone returned NaNs without an error. (Compiled graphs keep
+    the lowering, as they do for linalg.cholesky.)"""
+    factor, info = torch.ops.aten.linalg_cholesky_ex.default(self, upper=upper)
+    torch.ops.aten._linalg_check_errors.default(info, "cholesky", is_matrix=self.dim() == 2)
+    return factor
+
+
 def _flip_dims(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """flip's dims in one order, wrapped: (1, 0), (0, 1) and (-1, 0) of a matrix are one
     program, not three (each a compile at a new shape). Invalid or repeated dims stay as
@@ -145,6 +155,11 @@ def _register_spec(name: str, spec: executor.OpSpec, category: str) -> None:
 
         def kernel(*args, **kwargs):
             return executor.run(spec, *canonical(args, kwargs))
+
+    elif name == "cholesky.default":
+
+        def kernel(*args, **kwargs):
+            return _legacy_cholesky(*args, **kwargs)
 
     elif api is not None:
         check = torch.ops.aten._linalg_check_errors.default
