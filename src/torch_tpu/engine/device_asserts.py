@@ -1,4 +1,5 @@
-"""Index values and integer divisors checked on the device, reported at the next host read.
+"""Index values (and other values CPU refuses) checked on the device, reported at the
+next host read.
 
 CPU refuses an
 out-of-range index at the call. Reading index values there would cost tpu a host sync
@@ -13,6 +14,9 @@ device value (`.item()`, `.cpu()`, printing, `torch.tpu.synchronize()`), only wh
 checked op ran since the last read, and raises CPU's error type naming the op: what
 CUDA's device-side asserts do. The flag holds the first failure's code (an index into
 `_ERRORS`, assigned when a program is traced) and is cleared when it is reported.
+The same flag carries other values CPU refuses at the call: zeros in an integer divisor,
+probabilities outside [0, 1], invalid distributions, margin-loss classes; a lowering's
+`device_check_applies` leaves it off calls that cannot fail (float division).
 """
 
 from __future__ import annotations
@@ -122,8 +126,7 @@ def raise_if_failed() -> None:
         op, error, message = _ERRORS[code]
         raise error(
             f"{message} (tpu: found in a call of {op} since the last host read; tpu "
-            "checks index values and integer divisors on the device and reports them at "
-            "the next read of a "
+            "checks such values on the device and reports them at the next read of a "
             "value, as CUDA's device-side asserts do; eager debug mode, "
             "torch.tpu.set_eager_mode('debug'), stops at the call itself)"
         )
