@@ -1030,3 +1030,10 @@ def test_cross_entropy_gradient_of_ignored_targets_is_cpus_zero(
         torch.testing.assert_close(tpu_loss, cpu_loss, equal_nan=True)
         torch.testing.assert_close(tpu_grad, cpu_grad)
         assert torch.equal(tpu_grad.signbit(), cpu_grad.signbit()), (targets, weight)
+
+
+def test_smooth_l1_loss_with_a_negative_beta_raises_as_on_cpu(eager_mode):
+    """tpu computed a loss with beta=-1; CPU refuses it (beta=0 is l1_loss on both)."""
+    x, y = torch.zeros(4), torch.linspace(-2, 2, 4)
+    assert_same_error(lambda d: F.smooth_l1_loss(x.to(d), y.to(d), beta=-1.0))
+    assert_same(lambda a, b: F.smooth_l1_loss(a, b, beta=0.0), x, y)

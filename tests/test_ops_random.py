@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import count_compiles, hold_executables
+from conftest import assert_same_error, count_compiles, hold_executables
 
 import torch_tpu
 from torch_tpu.engine import predrawn
@@ -234,6 +234,19 @@ def test_bernoulli_probability_numbers_outside_0_1_raise_as_on_cpu(eager_mode, p
             with pytest.raises(RuntimeError, match=re.escape(str(on_cpu.value))):
                 call(torch.zeros(3, device="tpu"))
     torch.testing.assert_close(torch.zeros(3, device="tpu").bernoulli_(1.0).cpu(), torch.ones(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.complex64])
+@pytest.mark.parametrize("bounds", [(0.0, float("nan")), (float("-inf"), 0.0), (0.0, 1e39)])
+def test_uniform_bounds_the_dtype_cannot_hold_raise_as_on_cpu(eager_mode, dtype, bounds):
+    """A NaN or infinite bound filled the tensor with NaN or inf on tpu; CPU refuses it,
+    naming the bound and its C++ type ("to is out of bounds for c10::Half")."""
+    assert_same_error(lambda d: torch.zeros(3, dtype=dtype, device=d).uniform_(*bounds))
+
+
+def test_multinomial_of_no_samples_raises_as_on_cpu(eager_mode):
+    for n in (0, -1):
+        assert_same_error(lambda d, n=n: torch.multinomial(torch.tensor([0.5, 0.5], device=d), n))
 
 
 def test_poisson_negative_rate_is_reported_as_on_cpu():

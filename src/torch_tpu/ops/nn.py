@@ -911,7 +911,13 @@ def mse_loss_backward(grad_output, self, target, reduction):
     return 2 * diff * _reduce_grad(grad_output, diff.size, reduction)
 
 
-@lower("smooth_l1_loss.default")
+def _check_beta(values: list) -> bool:
+    if values[3] < 0:
+        raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
+    return False
+
+
+@lower("smooth_l1_loss.default", check=_check_beta)
 def smooth_l1_loss(self, target, reduction=_MEAN, beta=1.0):
     d = jnp.abs(_up(self) - _up(target))
     if beta == 0:

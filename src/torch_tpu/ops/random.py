@@ -31,9 +31,15 @@ def _uniform(key, shape, dtype, low=0.0, high=1.0):
 
 
 def _check_uniform(values: list) -> bool:
-    """CPU's range checks (tpu filled uniform_(42, -42) with 42, and a range wider than
-    the dtype's largest value with inf)."""
+    """CPU's range checks (tpu filled uniform_(42, -42) with 42, a range wider than the
+    dtype's largest value with inf, and a NaN bound with NaN)."""
     dtype, low, high = values[0].dtype, values[1], values[2]
+    real = dtype.to_real()
+    if real.is_floating_point:  # (CPU's CHECK_OUT_OF_BOUNDS: a NaN or infinite bound too)
+        info = torch.finfo(real)
+        for value, which in ((low, "from"), (high, "to")):
+            if not info.min <= value <= info.max:
+                raise RuntimeError(f"{which} is out of bounds for {_CXX_NAMES[real]}")
     if low > high:
         raise RuntimeError(
             f"uniform_ expects to return a [from, to) range, but found from={low:g} > to={high:g}"
@@ -351,7 +357,18 @@ def _invalid_distribution(self, num_samples, replacement=False, generator=None) 
     ]
 
 
-@lower("multinomial.default", random=True, device_check=_invalid_distribution)
+def _check_samples(values: list) -> bool:
+    if values[1] <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    return False
+
+
+@lower(
+    "multinomial.default",
+    random=True,
+    check=_check_samples,
+    device_check=_invalid_distribution,
+)
 def multinomial(key, self, num_samples, replacement=False, generator=None):
     """With replacement: independent categorical draws. Without: the top-k of
     Gumbel-perturbed log-probabilities, which samples without replacement."""
