@@ -55,6 +55,21 @@ def test_activation(name, no_nn_fallback):
     assert_same_grad(ACTIVATIONS[name], x, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_of_signed_zeros_infinities_and_nan_matches_cpu(name, eager_mode):
+    """Bit for bit where CPU's result is a zero, an infinity or NaN: relu(-0.0) gave 0.0
+    (XLA's max), where CPU's clamp_min passes -0.0 through."""
+    special = [-0.0, 0.0, float("inf"), -float("inf"), float("nan"), -1.0, 1.0, -0.0]
+    x = torch.tensor(special * 2).view(4, 4)
+    want = ACTIVATIONS[name](x)
+    got = ACTIVATIONS[name](x.to("tpu")).cpu()
+    if name == "gelu":  # CPU's vectorized gelu gives NaN at +inf, tpu inf (the limit)
+        got, want = got[x != float("inf")], want[x != float("inf")]
+    torch.testing.assert_close(got, want, equal_nan=True, atol=1e-6, rtol=1e-6)
+    exact = (want == 0) | want.isinf()
+    assert torch.equal(got.signbit()[exact], want.signbit()[exact])
+
+
 @pytest.mark.parametrize("name", ["relu", "gelu", "silu", "softmax", "hardswish"])
 def test_activation_bfloat16(name, no_nn_fallback):
     assert_same(ACTIVATIONS[name], randn(4, 8, dtype=torch.bfloat16) * 3, atol=2e-2, rtol=2e-2)

@@ -49,7 +49,9 @@ def _axis(x, dim):
 
 @lower("relu.default")
 def relu(self):
-    return jnp.maximum(self, jnp.zeros((), self.dtype))
+    """CPU's clamp_min(x, 0): x unless x < 0, so -0.0 and NaN pass through (XLA's max
+    gave 0.0 for -0.0)."""
+    return jnp.where(self < 0, jnp.zeros((), self.dtype), self)
 
 
 def _integer(dtype: torch.dtype) -> bool:
@@ -221,7 +223,10 @@ def _check_integer_hardtanh(values: list) -> bool:
 
 @lower("hardtanh.default", check=_check_integer_hardtanh)
 def hardtanh(self, min_val=-1, max_val=1):
-    return jnp.clip(self, min_val, max_val)
+    """CPU's clamp: x unless it lies beyond a bound, so -0.0 and NaN pass through
+    (`relu6(-0.0)` is -0.0 there; XLA's clip gave 0.0)."""
+    low = jnp.where(self < min_val, jnp.asarray(min_val, self.dtype), self)
+    return jnp.where(self > max_val, jnp.asarray(max_val, self.dtype), low)
 
 
 @lower("hardtanh_backward.default")
@@ -303,7 +308,8 @@ def softplus_backward(grad_output, self, beta, threshold):
 @lower("log_sigmoid_forward.default")
 def log_sigmoid_forward(self):
     x = _up(self)
-    return jax.nn.log_sigmoid(x), jnp.exp(-jnp.abs(x))
+    buffer = jnp.exp(-jnp.abs(x))
+    return jnp.minimum(x, 0) - jnp.log1p(buffer), buffer  # (CPU's formula: 0.0 at inf)
 
 
 @lower("log_sigmoid_backward.default")
