@@ -1,7 +1,8 @@
-"""Index values out of range (and zeros in an integer divisor, a negative std): CPU
-refuses them at the call; tpu checks them on the device and raises CPU's error type at
-the next host read, in every eager mode (before, strict and fused modes clamped or
-dropped them and returned wrong numbers without an error)."""
+"""Index values out of range, and other values CPU refuses at the call (zeros in an
+integer divisor, probabilities outside [0, 1], invalid distributions, a negative std,
+margin-loss classes out of range): tpu checks them on the device and raises CPU's error
+type at the next host read, in every eager mode (before, strict and fused modes clamped,
+dropped or computed with them and returned wrong numbers without an error)."""
 
 from __future__ import annotations
 
