@@ -248,7 +248,20 @@ def test_divisions_that_cannot_divide_an_integer_by_zero_carry_no_check(mode):
         torch.testing.assert_close((empty.to("tpu") // ty).cpu(), empty // y)
 
 
-def test_compiled_graphs_check_integer_divisors_too():
+def test_compiled_graphs_check_integer_divisors_too(monkeypatch):
+    """Only a graph dividing integers by a tpu tensor carries the flag: one of floats
+    does not (the same applicability as eager calls: `device_check_applies`)."""
+    from torch_tpu.compile import interpret
+
+    carried = []
+    real = interpret.device_checked
+
+    def spy(graph):
+        carried.append(real(graph))
+        return carried[-1]
+
+    monkeypatch.setattr(interpret, "device_checked", spy)
+
     def fn(x, y):
         return (x // y + x % y) * 2
 
@@ -261,3 +274,4 @@ def test_compiled_graphs_check_integer_divisors_too():
     floats = compiled(x.float().to("tpu"), torch.tensor([2.0, 0.0, 3.0], device="tpu"))
     want = fn(x.float(), torch.tensor([2.0, 0.0, 3.0]))
     torch.testing.assert_close(floats.cpu(), want, equal_nan=True)
+    assert carried == [True, False]  # (the integer graph, then the float one)

@@ -94,6 +94,11 @@ def cpu_from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(a.view(TORCH_TO_JAX[carrier])).view(dtype)
 
 
+def is_integer(dtype: torch.dtype) -> bool:
+    """An integer dtype (bool is not one: PyTorch's integer-only kernels refuse it)."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
 def fits_int64(value: int) -> bool:
     """Whether a Python int goes to an executable as an int64 (JAX refuses the rest)."""
     return -(1 << 63) <= value < 1 << 63

@@ -236,14 +236,25 @@ def storage_slots(layouts: tuple) -> int:
 
 
 def device_checked(graph: torch.fx.Graph) -> bool:
-    """Whether a node's lowering checks index values on the device (embedding, gather,
-    nll_loss...): the graph then carries engine/device_asserts.py's flag."""
+    """Whether a node checks values on the device (index values of embedding, gather,
+    nll_loss...; an integer divisor): the graph then carries engine/device_asserts.py's
+    flag."""
     for node in graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             lowering = None if op_name(node.target) in SPECIAL else find_lowering(node.target)
-            if lowering is not None and lowering.device_check is not None:
+            if lowering is not None and _checks(node, lowering):
                 return True
     return False
+
+
+def _checks(node: torch.fx.Node, lowering) -> bool:
+    """`device_asserts.checks` for a node, judged on its arguments' example values, as
+    the eager paths judge a call's arguments."""
+    if lowering.device_check is None:
+        return False
+    values = _schema(node.target).bind(tuple(node.args), dict(node.kwargs))
+    examples = [v.meta["val"] if isinstance(v, torch.fx.Node) else v for v in values]
+    return device_asserts.checks(lowering, examples)
 
 
 def build(
@@ -347,7 +358,7 @@ def _run_node(node: torch.fx.Node, env: dict, storages: dict, key, failures=None
             for a, v in zip(schema.args, values)
             if a.kind in (Kind.TENSOR, Kind.OPT_TENSOR) and isinstance(v, torch.fx.Node)
         )
-    if failures is not None and lowering.device_check is not None:
+    if failures is not None and _checks(node, lowering):
         failures.append((f"aten::{name}", lowering.device_check(*args)))
     if lowering.random:
         args.insert(0, key)

@@ -54,17 +54,13 @@ def relu(self):
     return jnp.where(self < 0, jnp.zeros((), self.dtype), self)
 
 
-def _integer(dtype: torch.dtype) -> bool:
-    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
-
-
 def _check_integer_threshold(values: list) -> bool:
     """CPU converts threshold and value to an integer input's type and refuses what does
     not fit (tpu wrapped a value of 300 into uint8 as 44, compared with 1j's real part):
     CPU's own conversion judges (`check_fill_value`). Depends on the numbers, so it runs
     on every call of an integer input; float inputs are not judged (beyond their range
     CPU raises and tpu gives inf, as for fill values)."""
-    if not _integer(values[0].dtype):
+    if not dtypes.is_integer(values[0].dtype):
         return False
     for number in values[1:3]:
         check_fill_value(number, values[0].dtype)
@@ -209,7 +205,7 @@ def _check_integer_hardtanh(values: list) -> bool:
     conversions judge (`check_fill_value`). Depends on the numbers, so it runs on every
     call of an integer input."""
     dtype = values[0].dtype
-    if not _integer(dtype):
+    if not dtypes.is_integer(dtype):
         return False
     for number in values[1:3]:
         check_fill_value(number, torch.int64)

@@ -332,17 +332,14 @@ def _read_in_debug_mode(self: torch.Tensor, other: torch.Tensor) -> bool:
 
 def _integral(value) -> bool:
     if isinstance(value, torch.Tensor):
-        return not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+        return dtypes.is_integer(value.dtype)
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _zero_divisors(self, other, rounding_mode="floor") -> list:
-    """In the program: CPU's ZeroDivisionError for a zero among an integer divisor's
-    elements, unless the result is empty (CPU divides nothing then)."""
-    if rounding_mode is None or _is_scalar(other):
-        return []
-    if not (_is_int(jnp.asarray(self)) and _is_int(other)):
-        return []
+    """In the program (for the calls `_divides_by_device_integers` picks): CPU's
+    ZeroDivisionError for a zero among the divisor's elements, unless the result is
+    empty (CPU divides nothing then)."""
     if not math.prod(jnp.broadcast_shapes(jnp.shape(self), jnp.shape(other))):
         return []
     return [(jnp.any(other == 0), RuntimeError, "ZeroDivisionError")]

@@ -15,7 +15,7 @@ import torch
 from .. import dtypes
 from ..rng import draw
 from .nn import _up, leaky_relu, outside_unit_interval
-from .pointwise import _is_scalar, check_fill_value, scalar_type_name
+from .pointwise import check_fill_value, scalar_type_name
 from .registry import lower
 
 
@@ -82,7 +82,7 @@ def _check_std(values: list) -> bool:
     readable = std.is_cpu or modes.current is modes.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
     if std.numel() and readable and not bool((std >= 0).all()):
         raise RuntimeError(_NEGATIVE_STD)
-    return True  # depends on the values
+    return std.is_cpu  # (its values, read at every call; debug mode checks every call)
 
 
 def _std_on_the_device(values: list) -> bool:
@@ -91,9 +91,8 @@ def _std_on_the_device(values: list) -> bool:
 
 
 def _negative_std(mean, std, generator=None) -> list:
-    """In the program: CPU's refusal of a std below 0 or NaN (engine/device_asserts.py)."""
-    if _is_scalar(std) or not jnp.size(std):  # (a number: PyTorch's meta kernel's)
-        return []
+    """In the program (a std tensor: `_std_on_the_device`): CPU's refusal of a std below
+    0 or NaN (engine/device_asserts.py)."""
     return [(~jnp.all(std >= 0), RuntimeError, _NEGATIVE_STD)]
 
 
