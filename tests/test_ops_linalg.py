@@ -178,6 +178,17 @@ def test_deprecated_cholesky_of_a_matrix_that_is_not_positive_definite_raises(up
     got, want = torch.cholesky(batch.to("tpu"), upper=upper), torch.cholesky(batch, upper=upper)
     torch.testing.assert_close(got.cpu(), want)
     assert got.stride() == want.stride()
+    # the out= form too (it returned NaNs in `out` without an error)
+    assert_same_error(
+        lambda d: torch.cholesky(_SINGULAR.to(d), upper=upper, out=torch.empty(0, device=d))
+    )
+    for out_strides in ((3, 1), (1, 3)):
+        outs = {d: torch.empty_strided((3, 3), out_strides, dtype=a.dtype, device=d)
+                for d in ("cpu", "tpu")}  # fmt: skip
+        for d, out in outs.items():
+            assert torch.cholesky(batch[0].to(d), upper=upper, out=out) is out
+        torch.testing.assert_close(outs["tpu"].cpu(), outs["cpu"])
+        assert outs["tpu"].stride() == outs["cpu"].stride() == out_strides
 
 
 @pytest.mark.parametrize("left", [True, False])

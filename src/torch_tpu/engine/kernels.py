@@ -93,6 +93,18 @@ def _legacy_cholesky(self: torch.Tensor, upper: bool = False) -> torch.Tensor:
     return factor
 
 
+def _legacy_cholesky_out(spec, args: tuple, kwargs: dict) -> torch.Tensor:
+    """torch.cholesky(..., out=): CPU's kernel factors, raises as the functional form
+    does, then resizes and fills `out`. Here the lowering's out= path (its checks and
+    resizing of `out` are CPU's) runs after `_legacy_cholesky`'s check: a deprecated
+    form, so the factor is computed twice rather than given an out= path of its own."""
+    self = args[0]
+    upper = args[1] if len(args) > 1 else kwargs.get("upper", False)
+    if self.dim() >= 2 and self.numel():  # (CPU's own checks of a bad shape come first)
+        _legacy_cholesky(self, upper)
+    return executor.run(spec, args, kwargs)
+
+
 def _flip_dims(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """flip's dims in one order, wrapped: (1, 0), (0, 1) and (-1, 0) of a matrix are one
     program, not three (each a compile at a new shape). Invalid or repeated dims stay as
@@ -160,6 +172,11 @@ def _register_spec(name: str, spec: executor.OpSpec, category: str) -> None:
 
         def kernel(*args, **kwargs):
             return _legacy_cholesky(*args, **kwargs)
+
+    elif name == "cholesky.out":
+
+        def kernel(*args, **kwargs):
+            return _legacy_cholesky_out(spec, args, kwargs)
 
     elif api is not None:
         check = torch.ops.aten._linalg_check_errors.default
