@@ -197,8 +197,12 @@ def _torchvision(name: str, **kwargs) -> Callable[[], nn.Module]:
 def _torchvision_vit() -> nn.Module:
     from torchvision.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4,
-                             hidden_dim=32, mlp_dim=64, num_classes=10)  # fmt: skip
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4,
+                              hidden_dim=32, mlp_dim=64, num_classes=10)  # fmt: skip
+    # torchvision starts the classifier at zero (for fine-tuning): the outputs, the loss
+    # and every gradient were zero, and the cell compared no forward and no backward
+    nn.init.normal_(model.heads.head.weight, std=0.5)
+    return model
 
 
 def _detection() -> Built:
@@ -206,8 +210,19 @@ def _detection() -> Built:
 
     model = fasterrcnn_mobilenet_v3_large_320_fpn(
         weights=None, weights_backbone=None, num_classes=5, min_size=64, max_size=64
-    ).eval()
-    return Built(model, args=([torch.rand(3, 64, 64), torch.rand(3, 48, 64)],))
+    )
+    images = [torch.rand(3, 64, 64), torch.rand(3, 48, 64)]
+    # Random weights under BatchNorm's initial statistics shrank the backbone's features
+    # to 1e-8: every detection had the same score and nothing the backbone computed could
+    # show in the outputs. Statistics of these images (what a trained model's are for
+    # its data) keep its features near unit scale.
+    for norm in model.modules():
+        if isinstance(norm, nn.BatchNorm2d):
+            norm.momentum = None  # (a cumulative average: one pass sets them)
+    model.backbone.train()
+    with torch.no_grad():
+        model.backbone(model.transform(images)[0].tensors)
+    return Built(model.eval(), args=(images,))
 
 
 def _timm(name: str, **kwargs) -> Callable[[], nn.Module]:
