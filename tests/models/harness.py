@@ -39,8 +39,8 @@ MODES = ("strict", "fused", "compiled")
 NEW_TOKENS = 4
 STEADY_STEPS = 2
 WARMUP_STEPS = 2  # untimed, between the first compared step and the second
-# (1-based) the steps compared with the CPU: the first, and one after the first with
-# optimizer state, whose programs the steady steps repeat
+# (1-based) the steps compared with the CPU: the first, and one after the first steps
+# with optimizer state, once fused mode's segments have settled
 COMPARED_STEPS = (1, WARMUP_STEPS + 2)
 RTOL, ATOL = 1e-3, 1e-4
 # Differences below NOISE times the largest value of the tensor's group (gradients,
@@ -290,9 +290,8 @@ def _oracle_step(ref: Reference, taken: Taken) -> tuple[list, list, dict]:
     then takes the tpu's gradients: AdamW's update is about lr * sign(grad), so float
     noise in a gradient near zero (already compared on its own) would otherwise show
     as a 2 * lr difference. Starting each compared step from the tpu's state keeps
-    later steps comparable (the two runs do not drift apart), so the steps after the
-    first, whose programs read the optimizer's state and are the ones a training run
-    repeats, are checked as the first is.
+    later steps comparable (the two runs do not drift apart), so a step after the
+    first, whose programs read the optimizer's state, is checked as the first is.
     """
     model = copy.deepcopy(ref.initial)
     model.load_state_dict(taken.model_before)
