@@ -293,14 +293,10 @@ def _oracle_step(ref: Reference, taken: Taken) -> tuple[list, list, dict]:
     later steps comparable (the two runs do not drift apart), so a step after the
     first, whose programs read the optimizer's state, is checked as the first is.
     """
-    model = copy.deepcopy(ref.initial)
-    model.load_state_dict(taken.model_before)
+    model, out, loss = _cpu_backward_from(ref, taken)
     params = dict(model.named_parameters())
     optimizer = torch.optim.AdamW(params.values(), lr=LR)
     optimizer.load_state_dict(taken.optimizer_before)
-    out = model(*ref.built.args, **ref.built.kwargs)
-    loss = loss_of(out)
-    loss.backward()
     expected = _results(out, loss, params)
     actual = dict(taken.tensors)
     for name, p in params.items():
@@ -445,23 +441,29 @@ def _compare_norms(expected: list, actual: dict) -> tuple[float, str]:
 def _float32_gradients_missed(ref: Reference, taken: Taken, expected: list) -> str:
     """The first of the CPU's float32 gradients (`expected`) that misses the gradients
     the CPU computes in float64 from the same state, or ""."""
-    model = copy.deepcopy(ref.initial).double()
-    model.load_state_dict(taken.model_before)
-    args, kwargs = _as_float64(ref.built.args), _as_float64(ref.built.kwargs)
-    loss_of(model(*args, **kwargs)).backward()
+    model, _, _ = _cpu_backward_from(ref, taken, float64=True)
     exact = [(f"grad {name}", None if p.grad is None else p.grad.float())
              for name, p in model.named_parameters()]  # fmt: skip
     return _compare(exact, [(name, t) for name, t in expected if name.startswith("grad ")])[2]
 
 
-def _as_float64(value):
-    if isinstance(value, torch.Tensor):
-        return value.double() if value.is_floating_point() else value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_as_float64(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _as_float64(v) for k, v in value.items()}
-    return value
+def _cpu_backward_from(ref: Reference, taken: Taken, float64: bool = False) -> tuple:
+    """(model, outputs, loss) of the CPU's forward and backward from the state the tpu's
+    step started from; with float64, model and floating inputs in float64."""
+    model = copy.deepcopy(ref.initial)
+    args, kwargs = ref.built.args, ref.built.kwargs
+    if float64:
+        model = model.double()
+        args, kwargs = _map_tensors((args, kwargs), _as_float64)
+    model.load_state_dict(taken.model_before)
+    out = model(*args, **kwargs)
+    loss = loss_of(out)
+    loss.backward()
+    return model, out, loss
+
+
+def _as_float64(t: torch.Tensor) -> torch.Tensor:
+    return t.double() if t.is_floating_point() else t
 
 
 def _updates(before: dict, tensors: list) -> list:
@@ -502,10 +504,15 @@ def _compare_tokens(expected: torch.Tensor, actual: torch.Tensor) -> str:
 
 
 def _to_tpu(value):
+    return _map_tensors(value, lambda t: t.to("tpu"))
+
+
+def _map_tensors(value, fn):
+    """value (tensors in nested lists, tuples and dicts) with fn applied to each tensor."""
     if isinstance(value, torch.Tensor):
-        return value.to("tpu")
+        return fn(value)
     if isinstance(value, (list, tuple)):
-        return type(value)(_to_tpu(v) for v in value)
+        return type(value)(_map_tensors(v, fn) for v in value)
     if isinstance(value, dict):
-        return {k: _to_tpu(v) for k, v in value.items()}
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
     return value
