@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import io
+import weakref
 
 import jax
 import numpy as np
@@ -660,3 +661,73 @@ def test_the_loss_carries_the_index_check_and_a_later_check_is_not_missed():
     torch.zeros(3, device="tpu")[torch.tensor([5], device="tpu")]
     with pytest.raises(IndexError, match="out of bounds"):
         loss.item()
+
+
+def _hold_list(tpu):
+    return [p.grad for p in tpu.parameters()]
+
+
+def _hold_view(tpu):
+    return tpu[0].bias.grad.view(-1)
+
+
+def _hold_data(tpu):
+    return tpu[0].bias.grad.data
+
+
+@pytest.mark.parametrize("hold", [_hold_list, _hold_view, _hold_data])
+def test_a_gradient_held_across_a_step_keeps_its_values(hold):
+    """Each step's gradients are the last step's tensors refilled when nothing else can
+    see them (`_KeptGradients`); one held as itself, a view or `.data` keeps the earlier
+    step's values, as on CPU, and the step's own gradients are CPU's."""
+    cpu, cpu_opt, tpu, _, step, (x, y) = _stepped("adamw", 3)
+    held = hold(tpu)
+    before = [t.cpu() for t in (held if isinstance(held, list) else [held])]
+    _eager_step(cpu, cpu_opt, nn.functional.cross_entropy, x, y)
+    step(x.to("tpu"), y.to("tpu"))
+    for b, a in zip(before, held if isinstance(held, list) else [held]):
+        torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
+    for c, t in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(t.grad.cpu(), c.grad)
+
+
+def test_a_weakly_referenced_gradient_dies_at_the_next_step_as_on_cpu():
+    """A weak reference to a gradient is not a holder, but a refilled tensor would stay
+    alive under it with new values: it dies at the next step, as CPU's does."""
+    cpu, cpu_opt, tpu, _, step, (x, y) = _stepped("adamw", 3)
+    held = {device: weakref.ref(m[0].bias.grad) for device, m in (("cpu", cpu), ("tpu", tpu))}
+    _eager_step(cpu, cpu_opt, nn.functional.cross_entropy, x, y)
+    step(x.to("tpu"), y.to("tpu"))
+    assert held["cpu"]() is None and held["tpu"]() is None
+    torch.testing.assert_close(tpu[0].bias.grad.cpu(), cpu[0].bias.grad)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_gradients_refilled_step_after_step_are_cpu_s(mode):
+    """In a loop that holds nothing, the same gradient tensors come back each step with
+    the step's values (an in-place write: their version moves on); after
+    `zero_grad()`, a clip in place, a gradient transposed in place, and a write still
+    pending in fused mode, each step's gradients are still CPU's and laid out as CPU's."""
+    with torch.tpu.set_eager_mode(mode):
+        cpu, cpu_opt, tpu, tpu_opt, step, (x, y) = _stepped("adamw", 3)
+        ids = [id(p.grad) for p in tpu.parameters()]
+        versions = [p.grad._version for p in tpu.parameters()]
+        tweaks = [
+            lambda opt, model: None,
+            lambda opt, model: opt.zero_grad(),
+            lambda opt, model: torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1),
+            lambda opt, model: model[0].weight.grad.t_(),
+            lambda opt, model: model[0].bias.grad.mul_(2),
+        ]
+        for tweak in tweaks:
+            tweak(cpu_opt, cpu)
+            tweak(tpu_opt, tpu)
+            _eager_step(cpu, cpu_opt, nn.functional.cross_entropy, x, y)
+            step(x.to("tpu"), y.to("tpu"))
+            for c, t in zip(cpu.parameters(), tpu.parameters()):
+                assert t.grad.shape == c.grad.shape and t.grad.stride() == c.grad.stride()
+                torch.testing.assert_close(t.grad.cpu(), c.grad)
+                torch.testing.assert_close(t.detach().cpu(), c.detach())
+            if tweak is tweaks[0]:  # nothing held: the same tensors, written in place
+                assert [id(p.grad) for p in tpu.parameters()] == ids
+                assert all(p.grad._version > v for p, v in zip(tpu.parameters(), versions))

@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import sys
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from itertools import chain
 
+import jax
 import torch
 from torch import nn
 
@@ -222,6 +225,7 @@ class _Program:
         self.packed = [([], []) for _ in range(flats)]  # per buffer: parameters, geometries
         self.alone = []  # (parameter, output)
         self.cleared = []  # parameters without a gradient that zero_grad() would clear
+        self.kept: list[_KeptGradients | None] = [None] * flats  # last step's, per buffer
         for k, place in enumerate(places):
             if place is None:
                 if zeroed[k]:
@@ -238,11 +242,17 @@ class _Program:
     def run(self, params: list, optimizer, args: list) -> torch.Tensor:
         outputs = self.graph(args)
         zeroed = self.zeroed
-        given = [
-            (k, grad)
-            for j, (indices, geometries) in enumerate(self.packed)
-            for k, grad in zip(indices, tensor.parts(outputs[1 + j].untyped_storage(), geometries))
-        ]
+        given = []
+        for j, (indices, geometries) in enumerate(self.packed):
+            kept = self.kept[j]
+            if kept is not None and kept.reusable(params, indices, zeroed):
+                kept.refill(outputs[1 + j])
+                given += [(k, g) for k, g in zip(indices, kept.parts) if params[k].grad is not g]
+                continue
+            parts = tensor.parts(outputs[1 + j].untyped_storage(), geometries)
+            given += zip(indices, parts)
+            outputs[1 + j] = None  # (the buffer's tensor: `_KeptGradients` counts holders)
+            self.kept[j] = _KeptGradients(parts)
         given += [(k, outputs[output]) for k, output in self.alone]
         for k, grad in given:
             p = params[k]
@@ -255,6 +265,61 @@ class _Program:
             optimizer.state[params[index]][name] = outputs[k]
             k += 1
         return outputs[0]
+
+
+class _KeptGradients:
+    """The last step's gradients of one packed buffer, given again with the next step's
+    values when nothing else can see them: the step sets every such `p.grad` anew (as
+    after `optimizer.zero_grad()`), and making the parts anew (a tensor and a `p.grad`
+    assignment each) was half of gpt_small's Python around its executable. They are
+    refilled in place only while each part is held by its parameter's `.grad` or by
+    nothing, has no weak reference, keeps its geometry and flags, and the buffer's
+    storage has no holder but the parts (no view, no `.data`) and no pending write; a
+    gradient the user kept from an earlier step thus keeps its values, as on CPU."""
+
+    __slots__ = ("parts", "payload", "holders", "looks")
+
+    def __init__(self, parts: list[torch.Tensor]) -> None:
+        self.parts = parts
+        self.payload = tensor.storage_of(parts[0])
+        self.holders = _storage_holders(parts[0])
+        self.looks = _looks(parts)
+
+    def reusable(self, params: list, indices: list, zeroed: list) -> bool:
+        parts = self.parts  # (no name holds a part here: references are counted below)
+        if (
+            tensor.storage_of(parts[0]) is not self.payload  # (given another payload)
+            or not isinstance(self.payload.value, jax.Array)  # (a write still pending)
+            or _storage_holders(parts[0]) != self.holders
+        ):
+            return False
+        for j, k in enumerate(indices):
+            grad = params[k].grad
+            is_grad = grad is parts[j]
+            del grad
+            if (
+                not zeroed[k]  # (accumulated into, not set anew)
+                or not (is_grad or params[k].grad is None)
+                # references: the list's, getrefcount's argument, and as p.grad the one
+                # autograd's C++ side holds the object by
+                or sys.getrefcount(parts[j]) != 2 + is_grad
+                or weakref.getweakrefcount(parts[j])
+            ):
+                return False
+        return _looks(self.parts) == self.looks
+
+    def refill(self, buffer: torch.Tensor) -> None:
+        """The parts read `buffer`'s values from now on (an in-place write of them)."""
+        self.payload.value = tensor.storage_of(buffer).value
+        torch.autograd.graph.increment_version(self.parts)
+
+
+def _storage_holders(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _looks(parts: list[torch.Tensor]) -> list:
+    return [(g.shape, g.stride(), g.storage_offset(), g.dtype, g.requires_grad) for g in parts]
 
 
 def _pack_gradients(params: list, grads: list, returned: list[bool]) -> tuple:
