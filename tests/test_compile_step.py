@@ -5,6 +5,7 @@ buffer is never read after XLA reused it, and unsupported steps raise clearly.""
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import weakref
 
@@ -700,6 +701,17 @@ def test_a_weakly_referenced_gradient_dies_at_the_next_step_as_on_cpu():
     step(x.to("tpu"), y.to("tpu"))
     assert held["cpu"]() is None and held["tpu"]() is None
     torch.testing.assert_close(tpu[0].bias.grad.cpu(), cpu[0].bias.grad)
+
+
+def test_zero_grad_frees_the_gradient_buffer_before_the_next_step():
+    """The step keeps its gradients only weakly for refilling: after `zero_grad()` the
+    buffer is freed, as CPU's gradients are, not held until the next step's peak."""
+    _, _, tpu, tpu_opt, step, _ = _stepped("adamw", 3)  # (step alive: it could hold it)
+    buffer = weakref.ref(tpu[0].bias.grad.untyped_storage()._tpu)
+    tpu_opt.zero_grad()
+    gc.collect()
+    assert buffer() is None
+    assert step.traces == 2
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])

@@ -245,9 +245,7 @@ class _Program:
         given = []
         for j, (indices, geometries) in enumerate(self.packed):
             kept = self.kept[j]
-            if kept is not None and kept.reusable(params, indices, zeroed):
-                kept.refill(outputs[1 + j])
-                given += [(k, g) for k, g in zip(indices, kept.parts) if params[k].grad is not g]
+            if kept is not None and kept.refilled(params, indices, zeroed, outputs[1 + j]):
                 continue
             parts = tensor.parts(outputs[1 + j].untyped_storage(), geometries)
             given += zip(indices, parts)
@@ -271,47 +269,56 @@ class _KeptGradients:
     """The last step's gradients of one packed buffer, given again with the next step's
     values when nothing else can see them: the step sets every such `p.grad` anew (as
     after `optimizer.zero_grad()`), and making the parts anew (a tensor and a `p.grad`
-    assignment each) was half of gpt_small's Python around its executable. They are
-    refilled in place only while each part is held by its parameter's `.grad` or by
-    nothing, has no weak reference, keeps its geometry and flags, and the buffer's
-    storage has no holder but the parts (no view, no `.data`) and no pending write; a
-    gradient the user kept from an earlier step thus keeps its values, as on CPU."""
+    assignment each) was a third of gpt_small's Python around its executable. They are
+    refilled in place only while each part is its parameter's `.grad` and held by
+    nothing else (no other reference or weak reference), keeps its geometry and flags,
+    and the buffer's storage has no holder but the parts (no view, no `.data`) and no
+    pending write; a gradient the user kept from an earlier step thus keeps its values,
+    as on CPU. The parts and their storage's payload are held weakly: after
+    `zero_grad()` the buffer is freed before the next step, as it was, and that step
+    makes new parts."""
 
-    __slots__ = ("parts", "payload", "holders", "looks")
+    __slots__ = ("refs", "payload", "holders", "looks")
 
     def __init__(self, parts: list[torch.Tensor]) -> None:
-        self.parts = parts
-        self.payload = tensor.storage_of(parts[0])
+        # (with a callback: a user's plain weakref.ref(g) is then an object of its own,
+        # counted below, not this one shared)
+        self.refs = [weakref.ref(g, _unused) for g in parts]
+        self.payload = weakref.ref(tensor.storage_of(parts[0]))
         self.holders = _storage_holders(parts[0])
         self.looks = _looks(parts)
 
-    def reusable(self, params: list, indices: list, zeroed: list) -> bool:
-        parts = self.parts  # (no name holds a part here: references are counted below)
+    def refilled(self, params: list, indices: list, zeroed: list, buffer) -> bool:
+        """Give the parts `buffer`'s values (an in-place write of them) if nothing else
+        can see them; True if it did."""
+        parts = [ref() for ref in self.refs]  # (no name holds a part: references count)
+        payload = self.payload()
         if (
-            tensor.storage_of(parts[0]) is not self.payload  # (given another payload)
-            or not isinstance(self.payload.value, jax.Array)  # (a write still pending)
+            parts[0] is None
+            or tensor.storage_of(parts[0]) is not payload  # (given another payload)
+            or not isinstance(payload.value, jax.Array)  # (a write still pending)
             or _storage_holders(parts[0]) != self.holders
         ):
             return False
         for j, k in enumerate(indices):
-            grad = params[k].grad
-            is_grad = grad is parts[j]
-            del grad
             if (
                 not zeroed[k]  # (accumulated into, not set anew)
-                or not (is_grad or params[k].grad is None)
-                # references: the list's, getrefcount's argument, and as p.grad the one
-                # autograd's C++ side holds the object by
-                or sys.getrefcount(parts[j]) != 2 + is_grad
-                or weakref.getweakrefcount(parts[j])
+                or params[k].grad is not parts[j]
+                # references: the list's, getrefcount's argument, and the one by which
+                # autograd's C++ side (p.grad) holds the object; weakly, self.refs'
+                or sys.getrefcount(parts[j]) != 3
+                or weakref.getweakrefcount(parts[j]) != 1
             ):
                 return False
-        return _looks(self.parts) == self.looks
+        if _looks(parts) != self.looks:
+            return False
+        payload.value = tensor.storage_of(buffer).value
+        torch.autograd.graph.increment_version(parts)
+        return True
 
-    def refill(self, buffer: torch.Tensor) -> None:
-        """The parts read `buffer`'s values from now on (an in-place write of them)."""
-        self.payload.value = tensor.storage_of(buffer).value
-        torch.autograd.graph.increment_version(self.parts)
+
+def _unused(_) -> None:
+    pass
 
 
 def _storage_holders(t: torch.Tensor) -> int:
