@@ -41,11 +41,12 @@ import os
 import re
 import struct
 import tempfile
+import threading
 import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -213,7 +214,8 @@ def compile_soon(
 ) -> Callable | Compiling:
     """`compile`, with XLA's part on a worker thread (`env.compile_threads()`): tracing,
     lowering and the cache lookups run here, so a lowering's error is raised here.
-    Returns the executable when memory or disk held it, else a `Compiling`."""
+    Returns the executable when memory or disk held it, else a `Compiling`. Once the
+    interpreter is exiting (the workers are gone) it compiles here, as `compile`."""
     key, lowered, options, executable = _prepare(
         fn, example_args, kind, None, donate_argnums, traced
     )
@@ -221,27 +223,40 @@ def compile_soon(
         return executable
     future = _in_flight.get(key)
     if future is None:  # (two ops lowered to one program share its compile)
-        future = _in_flight[key] = _workers().submit(_timed_compile, lowered, options, kind, name)
-    return Compiling(future, key, (kind, name, signature))
+        try:
+            future = _workers().submit(_timed_compile, lowered, options, kind, name)
+        except RuntimeError:  # (exiting: "cannot schedule new futures after shutdown")
+            executable, seconds = _timed_compile(lowered, options, kind, name)
+            _file(key, executable, seconds, kind, name, signature)
+            return executable
+        _in_flight[key] = future
+    return Compiling(future, key, (kind, name, signature), lowered, options)
 
 
 class Compiling:
     """An executable compiling on a worker thread (`compile_soon`). `result()` waits
     for it, files it as `compile` does (metrics, disk, memory) and returns it; it raises
-    XLA's error, if any. Call it from the thread that started the compile."""
+    XLA's error, if any. Call it from the thread that started the compile. A compile
+    still queued when the interpreter began to exit was cancelled (`_cancel_queued`):
+    it runs here then, for a read in an atexit handler (a last checkpoint, a log)."""
 
-    __slots__ = ("future", "key", "about", "executable")
+    __slots__ = ("future", "key", "about", "lowered", "options", "executable")
 
-    def __init__(self, future, key: str, about: tuple) -> None:
+    def __init__(self, future, key: str, about: tuple, lowered, options: dict) -> None:
         self.future = future
         self.key = key
         self.about = about  # (kind, name, signature)
+        self.lowered, self.options = lowered, options
         self.executable = None
 
     def result(self) -> Callable:
         if self.executable is None:
             try:
-                executable, seconds = self.future.result()
+                try:
+                    executable, seconds = self.future.result()
+                except CancelledError:
+                    kind, name, _ = self.about
+                    executable, seconds = _timed_compile(self.lowered, self.options, kind, name)
             except BaseException:
                 _in_flight.pop(self.key, None)  # (the next call of it compiles again)
                 raise
@@ -262,7 +277,19 @@ def _workers() -> ThreadPoolExecutor:
     if _pool is None or _pool[0] != os.getpid():
         _in_flight.clear()
         _pool = (os.getpid(), ThreadPoolExecutor(env.compile_threads(), "torch_tpu-compile"))
+        # run before concurrent.futures' own exit hook (registered at its import, so
+        # earlier: these hooks run last-registered first), which waits for the queue
+        threading._register_atexit(_cancel_queued)
     return _pool[1]
+
+
+def _cancel_queued() -> None:
+    """At interpreter exit: drop the compiles not yet started, so the exit waits for
+    the running ones only (a script ending with unread first calls waited for every
+    queued compile: 40 small ones, 5 s). A later read compiles what it needs itself
+    (`Compiling.result`, `compile_soon`)."""
+    if _pool is not None and _pool[0] == os.getpid():
+        _pool[1].shutdown(wait=False, cancel_futures=True)
 
 
 def _prepare(fn, example_args, kind, options, donate_argnums, traced) -> tuple:
