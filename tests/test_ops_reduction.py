@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import pytest
@@ -593,3 +594,36 @@ def test_vector_norm_of_a_complex_order_raises_as_on_cpu():
     assert_same_error(
         lambda device: torch.linalg.vector_norm(torch.ones(3, device=device), ord=1j)
     )
+
+
+@pytest.mark.parametrize("fn", [torch.quantile, torch.nanquantile])
+@pytest.mark.parametrize("q", [1.5, -0.1, [0.2, math.nan], [-0.0, 1.0], [0.3, 0.7]])
+def test_quantile_checks_a_tpu_q_as_cpu_checks_its_own(fn, q):
+    """CPU refuses q outside [0, 1] (NaN too) with a host read of q; the decomposition
+    checks only a CPU q, so a tpu q of -0.1 computed a quantile without an error (and 1.5
+    failed as an out-of-range gather at the next read). Now each raises CPU's error at
+    the call; in-range q, out= and gradients are CPU's."""
+    x = torch.randn(10, generator=torch.Generator().manual_seed(0))
+    q = torch.tensor(q)
+    try:
+        expected = fn(x, q)
+    except RuntimeError as error:
+        with pytest.raises(RuntimeError, match=re.escape(str(error))):
+            fn(x.to("tpu"), q.to("tpu"))
+        with torch.inference_mode(), pytest.raises(RuntimeError, match=re.escape(str(error))):
+            fn(x.to("tpu"), q.to("tpu"))
+        return
+    torch.testing.assert_close(fn(x.to("tpu"), q.to("tpu")).cpu(), expected)
+    out = torch.empty(0, device="tpu")
+    fn(x.to("tpu"), q.to("tpu"), out=out)
+    torch.testing.assert_close(out.cpu(), expected)
+    leaves = [x.clone().requires_grad_(), x.to("tpu").requires_grad_()]
+    for leaf in leaves:
+        fn(leaf, q.to(leaf.device)).sum().backward()
+    torch.testing.assert_close(leaves[1].grad.cpu(), leaves[0].grad)
+
+
+def test_quantile_of_an_integer_input_keeps_cpu_s_first_error():
+    """The q check runs after CPU's dtype checks, so their error comes first, as on CPU."""
+    with pytest.raises(RuntimeError, match="must be either float or double dtype"):
+        torch.quantile(torch.arange(5, device="tpu"), torch.tensor(2.0, device="tpu"))

@@ -235,6 +235,47 @@ def _register_gradless_backward(name: str, lowering: Lowering) -> None:
     _lib.impl(name.removesuffix(".default"), autograd_kernel, "AutogradPrivateUse1")
 
 
+# CompositeImplicitAutograd ops whose CPU kernel checks values of a tensor argument
+# (with a host read) only when that argument is on the CPU: CUDA, and tpu through the
+# decomposition, computed on from the bad value without an error. Per op: the
+# argument's index, its check. Each runs, read on the host as CPU reads it, before the
+# decomposition (`_register_value_checked`).
+def _quantile_q_in_range(self, q, *rest, **kwargs) -> None:
+    """quantile's q within [0, 1] (NaN fails), checked as CPU checks it: after its
+    dtype and shape checks, which the decomposition then makes with CPU's words."""
+    if (
+        isinstance(q, torch.Tensor)
+        and q.device.type == "tpu"
+        and self.is_floating_point()
+        and q.dtype == self.dtype
+        and q.dim() <= 1
+        and not bool(((q >= 0) & (q <= 1)).all())
+    ):
+        raise RuntimeError("quantile() q values must be in the range [0, 1]")
+
+
+_VALUE_CHECKED = {
+    "quantile.default": _quantile_q_in_range,
+    "quantile.out": _quantile_q_in_range,
+    "nanquantile.default": _quantile_q_in_range,
+    "nanquantile.out": _quantile_q_in_range,
+}
+
+
+def _register_value_checked(name: str, check) -> None:
+    """The op's check, then PyTorch's own decomposition of it, at the autograd key (the
+    decomposition's parts record their own gradients) and below it (inference mode)."""
+    decompose = overload(name).decompose
+
+    def kernel(*args, **kwargs):
+        check(*args, **kwargs)
+        return decompose(*args, **kwargs)
+
+    for key in ("AutogradPrivateUse1", "PrivateUse1"):
+        _lib.impl(name.removesuffix(".default"), kernel, key)
+    KERNELS[name] = "special"
+
+
 def _register_variants(name: str, op, lowering: Lowering) -> None:
     """The in-place and out= overloads of a functional op, derived from its lowering."""
     packet_name, _, ovl = name.partition(".")
@@ -623,3 +664,5 @@ def register_all() -> None:
         elif name not in KERNELS and name not in _BIT_VIEWS:
             _register_lowering(name, lowering)
     _register_decompositions()
+    for name, check in _VALUE_CHECKED.items():
+        _register_value_checked(name, check)
