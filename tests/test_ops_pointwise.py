@@ -3,6 +3,7 @@ integer and NaN semantics, and none of them falls back to the CPU."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -1004,3 +1005,40 @@ def test_frexp_matches_cpu_on_subnormals_and_specials(dtype):
     assert torch.equal(out[1].cpu(), exponent)
     with pytest.raises(RuntimeError, match="only supports floating-point"):
         torch.frexp(torch.arange(3, device="tpu"))
+
+
+def _ulps_from(value: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """|value - exact| in units of the last place of float32 at exact."""
+    target = exact.float().abs()
+    ulp = torch.nextafter(target, torch.tensor(math.inf)) - target
+    return (value.double() - exact).abs() / ulp.double()
+
+
+def test_float32_lgamma_is_within_a_few_ulps_as_cpu_s():
+    """XLA's float32 lgamma was up to ~40 ulp off for x in (3, 40] and gave 4.8e-7 for
+    lgamma(1) and lgamma(2); ops/lgamma.py holds positive x to 4 ulp of float64's value
+    (CPU: 1), its zeros exact, and negative x (a cancellation near lgamma's zeros there)
+    to 1e-6 of max(1, |lgamma|)."""
+    ranges = [torch.logspace(-30, 36, 4001), torch.linspace(0.5, 3, 20001)]
+    positive = torch.cat([*ranges, torch.linspace(3, 40, 20001)])
+    exact = torch.lgamma(positive.double())
+    assert _ulps_from(torch.lgamma(positive.to("tpu")).cpu(), exact).max() <= 4
+    assert torch.lgamma(torch.tensor([1.0, 2.0], device="tpu")).cpu().tolist() == [0.0, 0.0]
+    negative = torch.linspace(-20, -1e-3, 40001)
+    negative = negative[negative != negative.round()]
+    exact = torch.lgamma(negative.double())
+    error = (torch.lgamma(negative.to("tpu")).cpu().double() - exact).abs()
+    assert (error / exact.abs().clamp_min(1)).max() < 1e-6
+
+
+def test_lgamma_edge_values_are_cpu_s():
+    """Poles, infinities, NaN, signed zeros, half types and the float32 overflow point
+    CPU's libm has (inf from 4.0371103e36, below where lgamma passes float32's max)."""
+    values = [0.0, -0.0, -3.0, -1e30, math.inf, -math.inf, math.nan, 2e-38]  # (normal floats)
+    x = torch.tensor([*values, 4.0371100e36, 4.0371103e36])
+    torch.testing.assert_close(torch.lgamma(x.to("tpu")).cpu(), torch.lgamma(x), equal_nan=True)
+    grid = torch.linspace(-10, 30, 4001)
+    grid = grid[grid != grid.round()]
+    for dtype in (torch.float16, torch.bfloat16):
+        h = grid.to(dtype)
+        torch.testing.assert_close(torch.lgamma(h.to("tpu")).cpu(), torch.lgamma(h))

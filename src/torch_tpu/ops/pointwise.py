@@ -23,6 +23,7 @@ from torch._prims_common import elementwise_dtypes
 
 from .. import dtypes
 from . import incomplete_gamma
+from .lgamma import lgamma
 from .registry import lower
 
 # ------------------------------------------------------------ type promotion
@@ -819,7 +820,7 @@ _FLOAT_FUNCTIONS = {
     "erf": lax.erf,
     "erfc": lax.erfc,
     "erfinv": _erfinv,
-    "lgamma": lax.lgamma,
+    "lgamma": lgamma,
     "digamma": _digamma,
     "i0": jss.i0,
     "sinc": jnp.sinc,
