@@ -1042,3 +1042,26 @@ def test_lgamma_edge_values_are_cpu_s():
     for dtype in (torch.float16, torch.bfloat16):
         h = grid.to(dtype)
         torch.testing.assert_close(torch.lgamma(h.to("tpu")).cpu(), torch.lgamma(h))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_erfcx_and_log_ndtr_follow_float64_where_jax_s_lost_them(dtype):
+    """jax's erfcx multiplied exp(x^2) by an erfc that XLA flushes to zero below
+    float32's normal range: erfcx was exactly 0 for x in [9.196, 9.4186] (0.061 is right).
+    Its log_ndtr took log(ndtr(x)) where ndtr rounds to near 1: 9% off at x = 4.97 in
+    float32, 7.6% at x = 7.98 in float64. Both now hold CPU's accuracy (ops/erfcx.py)."""
+    x = torch.cat([torch.linspace(0, 9.19, 5001), torch.linspace(9.19, 9.42, 2001)])
+    x = torch.cat([x, torch.linspace(9.42, 100, 5001), torch.linspace(-9, 0, 2001)]).to(dtype)
+    exact = torch.special.erfcx(x.double())
+    error = (torch.special.erfcx(x.to("tpu")).cpu().double() - exact).abs() / exact
+    positive = x >= 0
+    assert error[positive].max() < (1e-6 if dtype == torch.float32 else 1e-14)
+    assert error[~positive].max() < (5e-6 if dtype == torch.float32 else 1e-14)  # (CPU: 3.8e-6)
+    x = torch.cat([torch.linspace(-30, 9, 20001), torch.linspace(-1e4, -30, 101)]).to(dtype)
+    exact = torch.special.log_ndtr(x.double())
+    kept = exact.abs() > (1e-30 if dtype == torch.float32 else 1e-290)  # (not flushed)
+    error = (torch.special.log_ndtr(x.to("tpu")).cpu().double() - exact).abs() / exact.abs()
+    assert error[kept].max() < (2e-5 if dtype == torch.float32 else 1e-12)  # (CPU: 1e-5, 0)
+    edges = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan], dtype=dtype)
+    for fn in (torch.special.erfcx, torch.special.log_ndtr):
+        torch.testing.assert_close(fn(edges.to("tpu")).cpu(), fn(edges), equal_nan=True)

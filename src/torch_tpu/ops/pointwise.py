@@ -23,6 +23,7 @@ from torch._prims_common import elementwise_dtypes
 
 from .. import dtypes
 from . import incomplete_gamma
+from .erfcx import erfcx, log_ndtr
 from .lgamma import lgamma
 from .registry import lower
 
@@ -830,8 +831,8 @@ _FLOAT_FUNCTIONS = {
     "special_modified_bessel_i0": jss.i0,
     "special_modified_bessel_i1": jss.i1,
     "special_ndtri": jss.ndtri,
-    "special_log_ndtr": jss.log_ndtr,
-    "special_erfcx": jss.erfcx,
+    "special_log_ndtr": log_ndtr,
+    "special_erfcx": erfcx,
     "special_entr": jss.entr,
     "special_spherical_bessel_j0": _spherical_bessel_j0,
 }
