@@ -39,7 +39,6 @@ def erfcx(x):
     return jnp.where(large, asymptotic, direct)
 
 
-
 def log_ndtr(x):
     """log of the standard normal CDF. jax's takes log(ndtr(x)) for x up to 5 (float32),
     which near 1 keeps only ndtr's absolute rounding: 3e-5 relative at x = 3.2 (CPU

@@ -50,9 +50,7 @@ def lgamma(x):
     positive = _positive(jnp.where(x > 0, x, -x))
     r = x - jnp.round(x)  # x's distance to the nearest integer, exact
     sin_pi = jnp.sin(jnp.float32(math.pi) * jnp.abs(r))
-    reflected = (
-        jnp.float32(math.log(math.pi)) - jnp.log(jnp.abs(x)) - jnp.log(sin_pi) - positive
-    )
+    reflected = jnp.float32(math.log(math.pi)) - jnp.log(jnp.abs(x)) - jnp.log(sin_pi) - positive
     value = jnp.where(x > 0, positive, reflected)
     value = jnp.where((x <= 0) & (r == 0), jnp.inf, value)  # the poles: 0, -1, -2, ...
     return jnp.where(jnp.isinf(x), jnp.inf, value).astype(jnp.float32)
@@ -88,9 +86,18 @@ def _stirling(y):
     return y * (log_y - 1) - 0.5 * log_y + jnp.float32(_HALF_LOG_2PI) + correction
 
 
+def lgamma1p(z):
+    """lgamma(1 + z) without the rounding of 1 + z: the series at 1 for |z| <= 0.1 (in
+    float64 too: its first dropped term is below 1e-21 there)."""
+    near = jnp.abs(z) <= 0.1
+    zs = jnp.where(near, z, 0)
+    return jnp.where(near, zs * _horner(_AT_ONE, zs), lgamma(1 + z))
+
+
 def _horner(coefficients: list, z):
-    """sum_i coefficients[i] z^i."""
-    total = jnp.full_like(z, np.float32(coefficients[-1]))
+    """sum_i coefficients[i] z^i, the coefficients rounded to z's dtype."""
+    dtype = np.dtype(z.dtype)
+    total = jnp.full_like(z, dtype.type(coefficients[-1]))
     for c in reversed(coefficients[:-1]):
-        total = total * z + np.float32(c)
+        total = total * z + dtype.type(c)
     return total
