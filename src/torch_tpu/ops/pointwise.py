@@ -794,6 +794,16 @@ def _exp2(z):
     return _exp(lax.complex(z.real * ln2, z.imag * ln2))
 
 
+def _sinh(z):
+    """Complex sinh as sinh(x) cos(y) + i cosh(x) sin(y): jnp.sinh takes (exp(z) -
+    exp(-z)) / 2, which cancels for small |Re z| (sinh(1e-5 + 0j) came out 0.14% off,
+    the real part of sinh(1e-6 + 1e-6j) 1.7%); CPU's is the product form."""
+    if not _is_complex(z):
+        return jnp.sinh(z)
+    x, y = z.real, z.imag
+    return lax.complex(jnp.sinh(x) * jnp.cos(y), jnp.cosh(x) * jnp.sin(y))
+
+
 _FLOAT_FUNCTIONS = {
     "exp": _exp,
     "exp2": _exp2,
@@ -811,7 +821,7 @@ _FLOAT_FUNCTIONS = {
     "asin": jnp.arcsin,
     "acos": jnp.arccos,
     "atan": jnp.arctan,
-    "sinh": jnp.sinh,
+    "sinh": _sinh,
     "cosh": jnp.cosh,
     "tanh": jnp.tanh,
     "asinh": jnp.arcsinh,
