@@ -23,7 +23,7 @@ from torch._prims_common import elementwise_dtypes
 
 from .. import dtypes
 from . import incomplete_gamma
-from .erfcx import erfcx, log_ndtr
+from .erfcx import erf, erfcx, log_ndtr
 from .lgamma import lgamma
 from .registry import lower
 
@@ -828,7 +828,7 @@ _FLOAT_FUNCTIONS = {
     "acosh": jnp.arccosh,
     "atanh": jnp.arctanh,
     "sigmoid": _sigmoid,
-    "erf": lax.erf,
+    "erf": erf,
     "erfc": lax.erfc,
     "erfinv": _erfinv,
     "lgamma": lgamma,
