@@ -237,9 +237,9 @@ def _register_gradless_backward(name: str, lowering: Lowering) -> None:
 
 # CompositeImplicitAutograd ops whose CPU kernel checks values of a tensor argument
 # (with a host read) only when that argument is on the CPU: CUDA, and tpu through the
-# decomposition, computed on from the bad value without an error. Per op: the
-# argument's index, its check. Each runs, read on the host as CPU reads it, before the
-# decomposition (`_register_value_checked`).
+# decomposition, computed on from the bad value without an error. Per op overload, its
+# check, called with the op's arguments; it reads the value on the host as CPU does,
+# before the decomposition runs (`_register_value_checked`).
 def _quantile_q_in_range(self, q, *rest, **kwargs) -> None:
     """quantile's q within [0, 1] (NaN fails), checked as CPU checks it: after its
     dtype and shape checks, which the decomposition then makes with CPU's words."""
