@@ -263,6 +263,7 @@ class Compiling:
             if _in_flight.pop(self.key, None) is not None:  # (the first sharer files it)
                 _file(self.key, executable, seconds, *self.about)
             self.executable = executable
+            self.lowered = self.options = None  # (kept only for a cancelled compile)
         return self.executable
 
 

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import jax.scipy.special as jss
 
 from .lgamma import lgamma, lgamma1p
+from .series import horner
 
 # Taylor coefficients in eta of c0(eta) = 1/(lam - 1) - 1/eta and of
 # c1(eta) = 1/eta^3 - 1/(lam - 1)^3 - 1/(lam - 1)^2 - 1/(12 (lam - 1)), worked out by
@@ -109,7 +110,7 @@ def _temme(a, x, upper: bool):
     d_near = jnp.where(near, d, 0)
     h = jnp.where(
         near,
-        _polynomial([2 * (-1) ** k / (k + 2) for k in range(_H_TERMS)], d_near),
+        horner([2 * (-1) ** k / (k + 2) for k in range(_H_TERMS)], d_near),
         2 * (d_far - jnp.log1p(d_far)) / (d_far * d_far),
     )
     eta = d * jnp.sqrt(h)
@@ -126,16 +127,8 @@ def _c0_c1(eta, d):
     near = jnp.abs(eta) < _SERIES_BELOW
     e = jnp.where(near, 1, eta)
     m = jnp.where(near, 1, d)
-    c0 = jnp.where(near, _polynomial(_C0, eta), 1 / m - 1 / e)
+    c0 = jnp.where(near, horner(_C0, eta), 1 / m - 1 / e)
     c1 = jnp.where(
-        near, _polynomial(_C1, eta), 1 / (e * e * e) - 1 / (m * m * m) - 1 / (m * m) - 1 / (12 * m)
+        near, horner(_C1, eta), 1 / (e * e * e) - 1 / (m * m * m) - 1 / (m * m) - 1 / (12 * m)
     )
     return c0, c1
-
-
-def _polynomial(coefficients, t):
-    """sum(coefficients[k] * t**k), by Horner's rule."""
-    out = jnp.zeros_like(t)
-    for c in reversed(coefficients):
-        out = out * t + c
-    return out

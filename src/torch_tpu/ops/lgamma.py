@@ -23,9 +23,11 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from scipy.special import zeta
+
+from .. import dtypes
+from .series import horner
 
 _EULER = 0.57721566490153286061
 # lgamma(1 + z) = -EULER z + sum_k>=2 (-1)^k zeta(k)/k z^k   (|z| < 1; used for |z| <= 1/4)
@@ -45,15 +47,17 @@ _CPU_OVERFLOW = 4.0371103e36
 def lgamma(x):
     if x.dtype == jnp.float64:
         return lax.lgamma(x)
-    if x.dtype != jnp.float32:  # (half types: in float32, rounded once)
-        return lgamma(x.astype(jnp.float32)).astype(x.dtype)
+    return _lgamma32(dtypes.widen_half(x)).astype(x.dtype)  # (half types: rounded once)
+
+
+def _lgamma32(x):
     positive = _positive(jnp.where(x > 0, x, -x))
     r = x - jnp.round(x)  # x's distance to the nearest integer, exact
     sin_pi = jnp.sin(jnp.float32(math.pi) * jnp.abs(r))
     reflected = jnp.float32(math.log(math.pi)) - jnp.log(jnp.abs(x)) - jnp.log(sin_pi) - positive
     value = jnp.where(x > 0, positive, reflected)
     value = jnp.where((x <= 0) & (r == 0), jnp.inf, value)  # the poles: 0, -1, -2, ...
-    return jnp.where(jnp.isinf(x), jnp.inf, value).astype(jnp.float32)
+    return jnp.where(jnp.isinf(x), jnp.inf, value)
 
 
 def _positive(y):
@@ -70,7 +74,7 @@ def _positive(y):
         product = product * jnp.where(steps >= k, w - k, 1)
     z2 = w - steps - 2
     z1 = w - 1
-    series = jnp.where(near_one, z1 * _horner(_AT_ONE, z1), z2 * _horner(_AT_TWO, z2))
+    series = jnp.where(near_one, z1 * horner(_AT_ONE, z1), z2 * horner(_AT_TWO, z2))
     core = series + jnp.log(product)
     core = jnp.where(small, core - jnp.log(y), core)
     large = jnp.where(y >= _CPU_OVERFLOW, jnp.inf, _stirling(y))
@@ -80,7 +84,7 @@ def _positive(y):
 def _stirling(y):
     y = jnp.where(y >= _STIRLING_FROM, y, _STIRLING_FROM)
     inverse = 1 / y
-    correction = inverse * _horner(_STIRLING, inverse * inverse)
+    correction = inverse * horner(_STIRLING, inverse * inverse)
     log_y = jnp.log(y)
     # ((y - 0.5) log y - y, grouped so that it is finite up to _CPU_OVERFLOW)
     return y * (log_y - 1) - 0.5 * log_y + jnp.float32(_HALF_LOG_2PI) + correction
@@ -91,13 +95,4 @@ def lgamma1p(z):
     float64 too: its first dropped term is below 1e-21 there)."""
     near = jnp.abs(z) <= 0.1
     zs = jnp.where(near, z, 0)
-    return jnp.where(near, zs * _horner(_AT_ONE, zs), lgamma(1 + z))
-
-
-def _horner(coefficients: list, z):
-    """sum_i coefficients[i] z^i, the coefficients rounded to z's dtype."""
-    dtype = np.dtype(z.dtype)
-    total = jnp.full_like(z, dtype.type(coefficients[-1]))
-    for c in reversed(coefficients[:-1]):
-        total = total * z + dtype.type(c)
-    return total
+    return jnp.where(near, zs * horner(_AT_ONE, zs), lgamma(1 + z))
