@@ -58,6 +58,19 @@ def _scale_add(self, product, beta, alpha):
     return jnp.where(beta == 0, scaled, scaled + beta * self.astype(product.dtype))
 
 
+def _rounded(x, dtype):
+    """float32 x rounded to the half type dtype, kept in float32: where CPU's kernel
+    rounds between two ops. reduce_precision, since XLA may drop a convert pair's
+    rounding (or fuse the ops); float16's subnormals, which it flushes, go to their
+    spacing apart."""
+    info = jnp.finfo(dtype)
+    rounded = jax.lax.reduce_precision(x, info.nexp, info.nmant)
+    if dtype != jnp.float16:
+        return rounded  # (bfloat16's subnormals are float32's, flushed by XLA anyway)
+    step = float(info.smallest_subnormal)
+    return jnp.where(jnp.abs(x) < info.smallest_normal, jnp.round(x / step) * step, rounded)
+
+
 # ------------------------------------------------------------------ products
 
 
@@ -115,11 +128,9 @@ def linalg_cross(self, other, dim=-1):
         return first[0] * first[1] - second[0] * second[1]
     # CPU's kernel rounds each product to the half type, then subtracts in float32 and
     # rounds again; XLA would compute it all in float32 and round once
-    info = jnp.finfo(self.dtype)
 
     def product(x, y):
-        xy = x.astype(jnp.float32) * y.astype(jnp.float32)
-        return jax.lax.reduce_precision(xy, info.nexp, info.nmant)
+        return _rounded(x.astype(jnp.float32) * y.astype(jnp.float32), self.dtype)
 
     return (product(*first) - product(*second)).astype(self.dtype)
 
