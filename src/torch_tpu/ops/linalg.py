@@ -108,6 +108,25 @@ def addbmm(self, batch1, batch2, beta=1, alpha=1):
     return jax.lax.scan(add_one, start, (batch1, batch2, first))[0]
 
 
+@lower("addr.default")
+def addr(self, vec1, vec2, beta=1, alpha=1):
+    """CPU's kernel (and CUDA's): beta * self + alpha * vec1 * vec2, left to right in the
+    result dtype, beta and alpha converted to it first; beta == 0 ignores self and its
+    NaNs. A half type rounds beta, alpha, each product and the sum to itself (PyTorch's
+    generic composite, which ran before, rounded vec1 * vec2 and kept alpha in float32)."""
+    dtype = jnp.result_type(self.dtype, vec1.dtype, vec2.dtype)
+    if dtype == jnp.bool_:
+        b, a = (jnp.asarray(s).astype(bool) for s in (beta, alpha))
+        return (b & self) | (a & vec1[:, None] & vec2)
+    if dtype in (jnp.float16, jnp.bfloat16):
+        wide, step = jnp.float32, functools.partial(_rounded, dtype=dtype)
+    else:
+        wide, step = dtype, lambda x: x
+    b, a, x, v1, v2 = (step(jnp.asarray(v).astype(wide)) for v in (beta, alpha, self, vec1, vec2))
+    product = step(step(a * v1[:, None]) * v2)
+    return jnp.where(b == 0, product, step(b * x) + product).astype(dtype)
+
+
 @lower("trace.default")
 def trace(self):
     wide = jnp.int64 if jnp.issubdtype(self.dtype, jnp.integer) or self.dtype == jnp.bool_ else None
