@@ -172,6 +172,19 @@ def test_complex_view_as_real_writes_through():
     torch.testing.assert_close(torch.view_as_real(tpu).cpu(), torch.view_as_real(cpu))
 
 
+def test_complex_view_of_float16_is_refused_by_name():
+    """complex32 is a dtype tpu tensors refuse; a view that reinterprets float16 as it
+    must say so where it is made. It used to make the view and raise KeyError:
+    torch.complex32 at the next read."""
+    x = torch.randn(3, 2, dtype=torch.float16).to("tpu")
+    for make in (torch.view_as_complex, lambda t: t.view(torch.complex32)):
+        with pytest.raises(TypeError, match="do not support dtype torch.complex32"):
+            make(x)
+    y = torch.randn(3, 2).to("tpu")  # the views of supported dtypes still alias
+    torch.testing.assert_close(torch.view_as_complex(y).cpu(), torch.view_as_complex(y.cpu()))
+    assert torch.equal(y.view(torch.int32).cpu(), y.cpu().view(torch.int32))
+
+
 def _conjugate_program(x):
     """Every way PyTorch hands a conjugate or negative view on: to ops that read the bit
     (mm, dot, vdot, copy_, clone), to ops it resolves first (add, sum), writes through

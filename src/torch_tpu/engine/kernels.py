@@ -36,11 +36,15 @@ _METADATA_OPS = (
     "unfold.default",
     "view_as_real.default",
     "view_as_complex.default",
+    "view.dtype",
     "set_.source_Storage",
     "set_.source_Storage_storage_offset",
     "set_.source_Tensor",
     "set_.source_Tensor_storage_offset",
 )
+
+# Those of them whose result has a dtype of its own.
+_REINTERPRETING = ("view_as_complex.default", "view.dtype")
 
 # Views that set PyTorch's conjugate / negative bit: in eager mode PyTorch's own kernel
 # makes the alias (a copy would not see later writes to the base, nor pass writes back)
@@ -590,7 +594,23 @@ def _register_specials() -> None:
         def metadata_kernel(*args, _redispatch=op._handle.redispatch_boxed, **kwargs):
             return _redispatch(_CPU_KEYS, *args, **kwargs)
 
+        if name in _REINTERPRETING:
+            metadata_kernel = _refusing_unsupported_dtype(metadata_kernel)
         _impl(name, metadata_kernel, "metadata")
+
+
+def _refusing_unsupported_dtype(kernel):
+    """A view that reinterprets the storage can make a dtype tpu tensors lack (float16
+    seen as complex32): refuse it there, as every other op does, rather than fail at the
+    next read with a KeyError."""
+
+    def checked(*args, **kwargs):
+        view = kernel(*args, **kwargs)
+        if view.dtype not in dtypes.TORCH_TO_JAX:
+            raise TypeError(f"tpu tensors do not support dtype {view.dtype}")
+        return view
+
+    return checked
 
 
 # -------------------------------------------------------------- decompositions

@@ -71,6 +71,19 @@ def _to_tpu(t: torch.Tensor) -> torch.Tensor:
     return out.requires_grad_(t.requires_grad)
 
 
+# Entries whose tensor arguments PyTorch's kernel takes from the host on every device
+# (tensor_split's indices: ATen raises for a device tensor, CUDA's too); the samples
+# build them on the CPU for any device, so only the input moves.
+_HOST_ARGUMENTS = ("tensor_split",)
+
+
+def _moved(op, sample) -> tuple:
+    """The sample's tensors as tpu tensors, where PyTorch's tests would put them."""
+    if op.name in _HOST_ARGUMENTS:
+        return _to_tpu(sample.input), sample.args, sample.kwargs
+    return _map((sample.input, sample.args, sample.kwargs), _to_tpu)
+
+
 def _to_cpu(value):
     return _map(value, lambda t: t.detach().cpu())
 
@@ -141,7 +154,7 @@ def run(op, dtype: torch.dtype, grad: bool = False, limit: int | None = None) ->
                 continue
             # dropout inside an op (attention's dropout_p) makes its values random too
             random_sample = shape_only or sample.kwargs.get("dropout_p", 0) > 0
-            moved = _map((sample.input, sample.args, sample.kwargs), _to_tpu)
+            moved = _moved(op, sample)
             outcome.samples += 1
             try:
                 actual = op(moved[0], *moved[1], **moved[2])
@@ -220,11 +233,11 @@ def variant(op, kind: str, dtype: torch.dtype = torch.float32, limit: int | None
             try:
                 expected = call(sample.input, sample.args, sample.kwargs, "cpu")
             except Exception as e:
-                if not _variant_refused(call, sample, e, outcome):
+                if not _variant_refused(call, op, sample, e, outcome):
                     break
                 continue
             outcome.samples += 1
-            moved = _map((sample.input, sample.args, sample.kwargs), _to_tpu)
+            moved = _moved(op, sample)
             try:
                 _compare(call(*moved, "tpu"), expected, False)
             except AssertionError as e:
@@ -291,10 +304,12 @@ def _variant_call(op, kind: str, sample):
     return call
 
 
-def _variant_refused(call, sample, cpu_error: Exception, outcome) -> bool:
+def _variant_refused(call, op, sample, cpu_error: Exception, outcome) -> bool:
     """A form CPU refused (an in-place result of another shape or dtype, a strided input
     a kernel requires contiguous): `_refused_on_tpu` with the form's call."""
-    return _refused_on_tpu(lambda moved: call(*moved, "tpu"), sample, cpu_error, outcome, "")
+    return _refused_on_tpu(
+        lambda moved: call(*moved, "tpu"), _moved(op, sample), cpu_error, outcome, ""
+    )
 
 
 def _tpu_refuses(op, sample, dtype: torch.dtype, cpu_error: Exception, outcome) -> bool:
@@ -303,16 +318,20 @@ def _tpu_refuses(op, sample, dtype: torch.dtype, cpu_error: Exception, outcome) 
     if dtype in (torch.float16, torch.bfloat16) and isinstance(cpu_error, NotImplementedError):
         return True
     return _refused_on_tpu(
-        lambda moved: op(moved[0], *moved[1], **moved[2]), sample, cpu_error, outcome, f"{dtype}: "
+        lambda moved: op(moved[0], *moved[1], **moved[2]),
+        _moved(op, sample),
+        cpu_error,
+        outcome,
+        f"{dtype}: ",
     )
 
 
-def _refused_on_tpu(run, sample, cpu_error: Exception, outcome, label: str) -> bool:
-    """Run on tpu what CPU refused: False (and the outcome failed) if tpu returns a
-    result."""
+def _refused_on_tpu(run, moved: tuple, cpu_error: Exception, outcome, label: str) -> bool:
+    """Run on tpu (the sample `moved` there) what CPU refused: False (and the outcome
+    failed) if tpu returns a result."""
     outcome.samples += 1
     try:
-        _to_cpu(run(_map((sample.input, sample.args, sample.kwargs), _to_tpu)))
+        _to_cpu(run(moved))
     except Exception:
         return True
     outcome.status = "failed"
