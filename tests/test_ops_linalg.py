@@ -533,6 +533,37 @@ def test_lstsq_of_a_vector_right_hand_side_matches_cpu(driver, batch):
         torch.testing.assert_close(got, expected, msg=name)
 
 
+def test_lstsq_gels_solves_without_a_rank_cutoff_as_on_cpu():
+    """gels is LAPACK's QR solve, which assumes full rank: it has no rcond. tpu solved
+    every driver through the SVD with gelsy's cutoff, so a singular value of 1e-8 (below
+    float32's 3 eps) was dropped: x[1] was 0 where CPU's is 1e8, and the residuals
+    were missing."""
+    A = torch.tensor([[1.0, 0.0], [0.0, 1e-8], [0.0, 0.0]])
+    b = torch.ones(3, 1)
+    assert_same(lambda a, b: torch.linalg.lstsq(a, b, driver="gels")[:2], A, b)
+
+
+def test_lstsq_gels_of_a_matrix_without_columns_has_zero_residuals_as_on_cpu():
+    """LAPACK's gels zeroes B when A is empty: CPU's residuals are 0 (tpu gave |b|^2)."""
+    b = torch.randn(3, 2, generator=torch.Generator().manual_seed(0))
+    assert_same(lambda a, b: torch.linalg.lstsq(a, b, driver="gels")[:2], torch.zeros(3, 0), b)
+
+
+@pytest.mark.parametrize(("shape", "batch"), [((4, 3), ()), ((3, 4), ()), ((4, 3), (2,))])
+def test_lstsq_gels_of_a_singular_matrix_raises_cpu_error(shape, batch):
+    """An exactly zero diagonal entry of gels's triangular factor is CPU's error (its
+    LAPACK info), naming the batch element; tpu returned a minimum-norm solution. (tpu
+    raises a RuntimeError, which CPU's LinAlgError subclasses.)"""
+    A = torch.zeros(*batch, *shape)
+    A[..., 0, :] = 1  # one nonzero row: the second diagonal entry of R (or L) is 0
+    b = torch.ones(*batch, shape[0], 1)
+    with pytest.raises(torch.linalg.LinAlgError) as cpu:
+        torch.linalg.lstsq(A, b, driver="gels")
+    with pytest.raises(RuntimeError) as tpu:
+        torch.linalg.lstsq(A.to("tpu"), b.to("tpu"), driver="gels")
+    assert str(cpu.value) in str(tpu.value)
+
+
 @pytest.mark.parametrize(
     ("a_shape", "b_shape", "driver"),
     [((4,), (4,), None), ((4, 3), (), None), ((4, 3), (5,), None), ((4, 3), (5, 2), None),

@@ -603,31 +603,74 @@ def _check_lstsq(values: list) -> bool:
     return False
 
 
-@lower("linalg_lstsq.default", dynamic_shape=True, check=_check_lstsq)
-def linalg_lstsq(self, b, rcond=None, driver=None):
-    """Minimum-norm least squares through the SVD. Residuals exist only when every
-    matrix is tall and of full rank, so their shape depends on values; which
-    outputs are filled follows the LAPACK driver PyTorch's CPU would use. A vector b
-    (one dim fewer than the input) is solved as a one-column matrix, its solution
-    squeezed (the residuals keep that column, as CPU's do)."""
-    vector = _vector_rhs(self.shape, b.shape)
-    A, B = _batch_broadcast(self, b[..., None] if vector else b)
+def _adjoint(a):
+    return jnp.conj(jnp.swapaxes(a, -1, -2))
+
+
+def _lstsq_svd(A, B, rcond):
+    """The minimum-norm solution through the SVD, singular values at or below rcond
+    times the largest dropped (gelsy's, gelsd's and gelss's rank cutoff)."""
     m, n = A.shape[-2:]
     u, s, vh = jnp.linalg.svd(A, full_matrices=False)
     eps = jnp.finfo(s.dtype).eps
     cutoff = (eps * max(m, n) if rcond is None or rcond < 0 else rcond) * s[..., :1]
     keep = s > cutoff
     inv_s = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(A.dtype)
-    coeffs = _matmul(jnp.conj(jnp.swapaxes(u, -1, -2)), B) * inv_s[..., :, None]
-    x = _matmul(jnp.conj(jnp.swapaxes(vh, -1, -2)), coeffs)
-    rank = keep.sum(-1).astype(jnp.int64)
-    residuals = jnp.zeros((0,), s.dtype)
+    x = _matmul(_adjoint(vh), _matmul(_adjoint(u), B) * inv_s[..., :, None])
+    return x, keep.sum(-1).astype(jnp.int64), s
+
+
+def _lstsq_qr(A, B):
+    """LAPACK's gels, which assumes full rank and has no cutoff: QR of a tall A (the
+    residuals are the rows of Q^H B past n, where gels leaves them), LQ of a wide one,
+    as QR of A^H. Also its info: 1 + the first exactly zero diagonal entry of R."""
+    m, n = A.shape[-2:]
+    if m < n:
+        q, r = jnp.linalg.qr(_adjoint(A))
+        y = _tri_solve(r, B, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+        return _matmul(q, y), None, _singular_info(r)
+    q, r = jnp.linalg.qr(A, mode="complete")
+    c = _matmul(_adjoint(q), B)
+    r = r[..., :n, :]
+    x = _tri_solve(r, c[..., :n, :], left_side=True, lower=False)
+    return x, jnp.sum(jnp.abs(c[..., n:, :]) ** 2, axis=-2), _singular_info(r)
+
+
+def _raise_on_info(info, is_matrix: bool) -> None:
+    """CPU's error, in its words, for a gels solve of a matrix without full rank (a host
+    read, as CPU's). Raised as a RuntimeError, the type a lowering's errors keep: CPU's
+    is its subclass LinAlgError."""
+    if bool((info != 0).any()):
+        check = torch.ops.aten._linalg_check_errors.default
+        try:
+            check(torch.tensor(np.asarray(info)), "torch.linalg.lstsq", is_matrix=is_matrix)
+        except torch.linalg.LinAlgError as error:
+            raise RuntimeError(str(error)) from None
+
+
+@lower("linalg_lstsq.default", dynamic_shape=True, check=_check_lstsq)
+def linalg_lstsq(self, b, rcond=None, driver=None):
+    """Least squares by the LAPACK driver PyTorch's CPU would use: gels's QR, else the
+    minimum-norm solution through the SVD. Residuals exist only for tall matrices, and
+    for gelsd and gelss only when every matrix is of full rank, so their shape depends
+    on values. A vector b (one dim fewer than the input) is solved as a one-column
+    matrix, its solution squeezed (the residuals keep that column, as CPU's do)."""
+    vector = _vector_rhs(self.shape, b.shape)
+    A, B = _batch_broadcast(self, b[..., None] if vector else b)
+    m, n = A.shape[-2:]
+    real = jnp.finfo(A.dtype).dtype
+    residuals, rank, values = (jnp.zeros((0,), t) for t in (real, jnp.int64, real))
     driver = driver or "gelsy"  # the CPU default, which reports no residuals
-    if m > n and driver != "gelsy" and bool((rank == n).all()):
-        residuals = jnp.sum(jnp.abs(_matmul(A, x) - B) ** 2, axis=-2)
     if driver == "gels":
-        rank = jnp.zeros((0,), jnp.int64)
-    values = s if driver in ("gelsd", "gelss") else jnp.zeros((0,), s.dtype)
+        x, squares, info = _lstsq_qr(A, B)
+        _raise_on_info(info, self.ndim == 2)
+        if m > n:  # (zeros when A has no columns: LAPACK's gels then zeroes B)
+            residuals = squares if n else jnp.zeros_like(squares)
+    else:
+        x, rank, s = _lstsq_svd(A, B, rcond)
+        if m > n and driver != "gelsy" and bool((rank == n).all()):
+            residuals = jnp.sum(jnp.abs(_matmul(A, x) - B) ** 2, axis=-2)
+        values = s if driver in ("gelsd", "gelss") else values
     return (x[..., 0] if vector else x), residuals, rank, values
 
 
