@@ -802,7 +802,7 @@ def _trace_once(spec: OpSpec, entry: _Executable, storages: list, dynamic: tuple
 
 # Exception types a lowering raises on purpose, with PyTorch's message; anything else
 # escaping from JAX or a lowering is a bug of ours and is reported as one
-_DELIBERATE = (RuntimeError, NotImplementedError)
+_DELIBERATE = (RuntimeError, NotImplementedError, torch.linalg.LinAlgError)
 
 
 class lowering_errors:

@@ -637,15 +637,11 @@ def _lstsq_qr(A, B):
 
 
 def _raise_on_info(info, is_matrix: bool) -> None:
-    """CPU's error, in its words, for a gels solve of a matrix without full rank (a host
-    read, as CPU's). Raised as a RuntimeError, the type a lowering's errors keep: CPU's
-    is its subclass LinAlgError."""
+    """CPU's error (LinAlgError, in its words) for a gels solve of a matrix without full
+    rank: a host read, as CPU's."""
     if bool((info != 0).any()):
         check = torch.ops.aten._linalg_check_errors.default
-        try:
-            check(torch.tensor(np.asarray(info)), "torch.linalg.lstsq", is_matrix=is_matrix)
-        except torch.linalg.LinAlgError as error:
-            raise RuntimeError(str(error)) from None
+        check(torch.tensor(np.asarray(info)), "torch.linalg.lstsq", is_matrix=is_matrix)
 
 
 @lower("linalg_lstsq.default", dynamic_shape=True, check=_check_lstsq)
