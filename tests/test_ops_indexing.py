@@ -533,6 +533,19 @@ def test_bincount_histc():
     assert_same(lambda t: torch.histc(t, 6), x.to(torch.float64).t())
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_histc_of_integers_bins_as_cuda(dtype):
+    """CUDA has an integer histc, CPU refuses one: transformers' mixture-of-experts layers
+    count tokens per expert with it on every device but the CPU. Binned as CUDA's kernel
+    does, in int64: bounds truncated, (v - min) * bins // (max - min), max in the last bin."""
+    ids = torch.tensor([0, 3, 3, 1, 2, 2, 2, 9, 5], dtype=dtype, device="tpu")
+    counts = torch.histc(ids, bins=4, min=0, max=3)
+    assert counts.dtype == dtype and counts.tolist() == [1, 1, 3, 2]
+    assert torch.histc(ids, bins=2, min=0.9, max=3.7).tolist() == [2, 5]  # [0, 3]
+    assert torch.histc(ids, bins=3).tolist() == [5, 3, 1]  # the data's [0, 9]
+    assert torch.histc(ids[:0], bins=2).tolist() == [0, 0]
+
+
 # ----------------------------------------------- selection backward (scatter)
 
 

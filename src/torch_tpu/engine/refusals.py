@@ -49,6 +49,10 @@ _OUT_DTYPE_WORDS = re.compile(r"scalar type|same type")
 # CPU's words for a write into memory another element or an input also uses
 _OVERLAP_WORDS = re.compile(r"written-to tensor refers? to a single memory location")
 _SMALL = 1 << 18  # elements, inputs and outputs together: stand-ins of the real shapes
+# integer kernels CUDA has and CPU lacks, which tpu computes as it does CUDA's half kernels:
+# transformers' mixture-of-experts layers count tokens per expert with an integer histc on
+# every device but the CPU (their stand-ins' integers become float32)
+_CUDA_INTEGER_KERNELS = {"aten::histc"}
 _LARGEST_ALIASED = 4 * _SMALL  # storage elements a shared stand-in may copy
 _ACCEPTED: set = set()  # call signatures CPU accepted (`check_per_signature`)
 _ACCEPTED_LIMIT = 4096
@@ -75,8 +79,11 @@ def check(
     real = bool(aliased) or _numel((args, kwargs)) + _numel(meta_result) <= _SMALL
     aliased_ids = {id(t) for t in aliased}
     buffers: dict = {}
-    stand_in_args = _stand_in(args, real, aliased_ids, buffers)
-    stand_in_kwargs = {k: _stand_in(v, real, aliased_ids, buffers) for k, v in kwargs.items()}
+    as_float = op._schema.name in _CUDA_INTEGER_KERNELS
+    stand_in_args = _stand_in(args, real, aliased_ids, buffers, as_float)
+    stand_in_kwargs = {
+        k: _stand_in(v, real, aliased_ids, buffers, as_float) for k, v in kwargs.items()
+    }
     with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         warnings.simplefilter("ignore")
         try:
@@ -161,12 +168,14 @@ def _numel(value) -> int:
     return sum(t.numel() for t in arguments.tensors(value))
 
 
-def _stand_in(value, real_shape: bool, aliased: set = frozenset(), buffers=None):
+def _stand_in(value, real_shape: bool, aliased: set = frozenset(), buffers=None,
+              integers_as_float: bool = False):  # fmt: skip
     """Zeros for value's tensors; those in aliased are views, with their own sizes,
     strides and offsets, of one CPU buffer per storage and dtype (in buffers)."""
 
     def zeros(t: torch.Tensor) -> torch.Tensor:
-        dtype = torch.float32 if t.dtype in _HALF else t.dtype
+        integer = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+        dtype = torch.float32 if t.dtype in _HALF or (integers_as_float and integer) else t.dtype
         if id(t) in aliased:
             storage = t.untyped_storage()
             key = (storage.data_ptr(), dtype)

@@ -1035,15 +1035,22 @@ def _as_cpp(value: float) -> str:
 
 @lower("histc.default", check=_check_histc)
 def histc(self, bins=100, min=0, max=0):
-    x = self.reshape(-1)
-    low = jnp.asarray(min, x.dtype)
-    high = jnp.asarray(max, x.dtype)
+    """An integer input (CUDA's kernel; CPU refuses one: engine/refusals.py) bins as CUDA's
+    does, in int64 with the bounds truncated: (v - min) * bins // (max - min)."""
+    integer = jnp.issubdtype(self.dtype, jnp.integer)
+    x = self.reshape(-1).astype(jnp.int64) if integer else self.reshape(-1)
+    low = jnp.asarray(min).astype(x.dtype)  # (float to integer truncates, as C++'s cast)
+    high = jnp.asarray(max).astype(x.dtype)
     unset = low == high
-    low = jnp.where(unset, jnp.min(x, initial=jnp.inf), low)
-    high = jnp.where(unset, jnp.max(x, initial=-jnp.inf), high)
+    top = jnp.iinfo(x.dtype).max if integer else jnp.inf
+    low = jnp.where(unset, jnp.min(x, initial=top), low)
+    high = jnp.where(unset, jnp.max(x, initial=-top), high)
     flat = low == high
     low, high = jnp.where(flat, low - 1, low), jnp.where(flat, high + 1, high)
-    pos = jnp.floor((x - low) * bins / (high - low)).astype(jnp.int64)
+    if integer:
+        pos = (x - low) * bins // (high - low)
+    else:
+        pos = jnp.floor((x - low) * bins / (high - low)).astype(jnp.int64)
     pos = jnp.where(x == high, bins - 1, pos)
     pos = jnp.where((x >= low) & (x <= high), pos, bins)
     return jnp.zeros((bins,), self.dtype).at[pos].add(1, mode="drop")
