@@ -275,3 +275,38 @@ def test_compiled_graphs_check_integer_divisors_too(monkeypatch):
     want = fn(x.float(), torch.tensor([2.0, 0.0, 3.0]))
     torch.testing.assert_close(floats.cpu(), want, equal_nan=True)
     assert carried == [True, False]  # (the integer graph, then the float one)
+
+
+def test_assert_async_checks_on_the_device(eager_mode):
+    """torch._assert_async (what PyTorch's one_hot decomposition asserts its classes
+    with): CPU raises its message at the call for a zero, tpu at the next read (debug
+    mode: at the call), without a CPU fallback (which copied the value to the host at
+    every call)."""
+    torch_tpu.metrics.reset()
+    torch._assert_async(torch.tensor(True, device="tpu"), "never")
+    torch._assert_async(torch.tensor([3], device="tpu"))
+    torch.tpu.synchronize()
+    with pytest.raises(RuntimeError, match="the value is zero"):
+        torch._assert_async(torch.tensor(0.0, device="tpu"), "the value is zero")
+        torch.tpu.synchronize()
+    with pytest.raises(RuntimeError, match="single nonzero value, but got zero"):
+        torch._assert_async(torch.tensor(0, device="tpu"))
+        torch.tpu.synchronize()
+    with pytest.raises(RuntimeError, match="more than one value is ambiguous"):
+        torch._assert_async(torch.ones(2, device="tpu"), "two")
+    assert torch_tpu.metrics.snapshot()["fallback_ops"] == {}
+
+
+def test_a_compiled_one_hot_runs_whole_and_checks_its_classes(recwarn):
+    """one_hot's decomposition asserts its classes with _assert_async: without a lowering
+    a compiled graph holding it (transformers' mixture-of-experts routing) ran op by op."""
+
+    def route(ids):
+        return F.one_hot(ids, num_classes=4).sum(0)
+
+    compiled = torch.compile(route, backend="tpu")
+    ids = torch.tensor([0, 3, 3, 1])
+    torch.testing.assert_close(compiled(ids.to("tpu")).cpu(), route(ids))
+    assert not [w for w in recwarn if "op by op" in str(w.message)]
+    with pytest.raises(RuntimeError, match="smaller than num_classes"):
+        compiled(torch.tensor([0, 4, 1, 1], device="tpu")).cpu()

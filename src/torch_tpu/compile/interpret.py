@@ -341,7 +341,7 @@ def _run_node(node: torch.fx.Node, env: dict, storages: dict, key, failures=None
     schema = _schema(op)
     values = schema.bind(tuple(node.args), dict(node.kwargs))
     args = [_argument(kind, v, env) for kind, v in zip((a.kind for a in schema.args), values)]
-    val = node.meta["val"]
+    val = node.meta.get("val")  # (none for an op without results: _assert_async)
     name = op_name(op)
     special = SPECIAL.get(name)
     if special is not None:
@@ -363,6 +363,8 @@ def _run_node(node: torch.fx.Node, env: dict, storages: dict, key, failures=None
     if lowering.random:
         args.insert(0, key)
     outputs = lowering.fn(*args, **extra)
+    if not schema.return_aliases:
+        return None
     if len(schema.return_aliases) == 1:
         return _cast(outputs, val, name)
     return tuple(_cast(o, v, name) for o, v in zip(outputs, val))

@@ -457,6 +457,34 @@ def any_dims(self, dim=None, keepdim=False):
     return jnp.any(self, axis=_axes(self, dim, False), keepdims=keepdim)
 
 
+def _check_one_value(values: list) -> bool:
+    """_assert_async's refusals that the shape decides, as CPU's is_nonzero raises them."""
+    count = values[0].numel()
+    if count != 1:
+        amount = "no values" if count == 0 else "more than one value"
+        raise RuntimeError(f"Boolean value of Tensor with {amount} is ambiguous")
+    return True
+
+
+def _zero_device_check(self, assert_msg=None) -> list:
+    """A zero raises CPU's message at the next read, as CUDA's device-side assert does
+    at the next synchronization (engine/device_asserts.py)."""
+    if assert_msg is None:
+        message = "Expected Tensor with single nonzero value, but got zero"
+    else:
+        message = assert_msg or "Assertion is failed"
+    return [(self.reshape(()) == 0, RuntimeError, message)]
+
+
+@lower("_assert_async.default", "_assert_async.msg", check=_check_one_value,
+       device_check=_zero_device_check)  # fmt: skip
+def assert_async(self, assert_msg=None):
+    """Nothing to compute but the device check. One_hot's decomposition asserts its
+    classes with it: without a lowering, a compiled graph holding one ran op by op, and
+    each call copied the value to the host."""
+    return None
+
+
 # ------------------------------------------------------------------- scans
 
 
