@@ -105,6 +105,17 @@ def test_gradients_judged_by_norm_allow_a_jump_and_not_a_scaled_gradient():
     assert found.startswith("grad w: |tpu - cpu| / |cpu| = 0.1"), found
 
 
+def test_gradients_judged_by_norm_keep_the_noise_floor():
+    """A gradient zero in exact arithmetic (a BatchNorm bias before a 1x1 convolution and
+    another BatchNorm) is float noise on either side: judged against the largest
+    gradient's noise floor, as elementwise, not its own norm."""
+    e, noise = torch.linspace(-1, 1, 1000), torch.full((16,), 1e-9)
+    expected = [("grad w", e), ("grad b", noise)]
+    assert harness._compare_norms(expected, {"grad w": e, "grad b": -noise})[1] == ""
+    found = harness._compare_norms(expected, {"grad w": e, "grad b": noise + 1e-5})[1]
+    assert found.startswith("grad b:"), found
+
+
 def test_dtype_shape_and_nan_differences_are_mismatches():
     x = torch.tensor([1.0, float("nan"), 3.0])
     assert _mismatch([("output[0]", x)], [("output[0]", x.double())]).endswith(
