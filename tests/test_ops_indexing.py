@@ -708,3 +708,42 @@ def test_searchsorted_of_empty_multi_dim_sequences_as_cpu():
         seq, val = torch.empty(sequence), torch.zeros(values)
         got = torch.searchsorted(seq.to("tpu"), val.to("tpu"))
         assert torch.equal(got.cpu(), torch.searchsorted(seq, val))
+
+
+@pytest.mark.parametrize(
+    "repeats",
+    [[2, 0, 3], [0, 0], [], [40, 1, 7]],
+    ids=["mixed", "zeros", "empty", "long"],
+)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_repeat_interleave_of_tensor_repeats_runs_on_tpu(
+    eager_mode, repeats, dtype, no_cpu_fallback
+):
+    """repeat_interleave.Tensor (the indices `x.repeat_interleave(repeats_tensor)`
+    gathers with) ran on the CPU, a copy to the host and back at each call."""
+    r = torch.tensor(repeats, dtype=dtype)
+    assert_same(torch.repeat_interleave, r)
+    assert_same(lambda t: torch.repeat_interleave(t, output_size=int(r.sum())), r)
+    x = torch.randn(len(repeats), 3)
+    assert_same_grad(lambda x, r: torch.repeat_interleave(x, r, dim=0), x, r)
+
+
+@pytest.mark.parametrize(
+    "repeats", [torch.tensor([[1, 2]]), torch.tensor(3), torch.tensor([2, 1], dtype=torch.int16)]
+)
+def test_repeat_interleave_refuses_what_cpu_refuses(repeats):
+    assert_same_error(lambda device: torch.repeat_interleave(repeats.to(device)))
+
+
+def test_repeat_interleave_value_errors_as_on_cpu(eager_mode):
+    """Negative repeats, and an output_size other than their sum: CPU's errors. Given
+    output_size nothing syncs, so that check comes at the next read (a device-side
+    check), as CUDA's would; without it the sum is read at the call, as on CPU."""
+    negative = torch.tensor([2, -1])
+    assert_same_error(lambda device: torch.repeat_interleave(negative.to(device)))
+    for repeats, size in ((torch.tensor([2, 1]), 5), (negative, 5), (negative, 1)):
+        with pytest.raises(RuntimeError) as cpu:
+            torch.repeat_interleave(repeats, output_size=size)
+        with pytest.raises(RuntimeError) as tpu:
+            torch.repeat_interleave(repeats.to("tpu"), output_size=size).cpu()
+        assert str(cpu.value) in str(tpu.value)

@@ -1010,6 +1010,73 @@ def bincount(self, weights=None, minlength=0):
     return _bincount(self, weights, max(int(self.max()) + 1 if self.size else 0, minlength))
 
 
+def _check_repeat_interleave(values: list) -> bool:
+    """CPU's refusals that need no values: the repeats' rank and dtype."""
+    repeats = values[0]
+    if repeats.dim() != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if repeats.dtype not in (torch.int32, torch.int64):
+        raise NotImplementedError(
+            f'"repeat_interleave_cpu" not implemented for \'{scalar_type_name(repeats.dtype)}\''
+        )
+    return False
+
+
+@jax.jit
+def _sum_and_min(repeats):
+    return jnp.stack([jnp.sum(repeats, dtype=jnp.int64), jnp.min(repeats).astype(jnp.int64)])
+
+
+def _repeated_positions(repeats, size: int):
+    """Each position of `repeats` repeated its count of times, to `size` elements."""
+    positions = jnp.arange(repeats.shape[0], dtype=repeats.dtype)
+    return jnp.repeat(positions, repeats, total_repeat_length=size)
+
+
+_bucketed_positions = jax.jit(_repeated_positions, static_argnums=1)
+
+
+def _size_unknown(values: list) -> bool:
+    """Without output_size the result's length is the repeats' sum, read on the host.
+    (Empty repeats give an empty result whatever output_size says, as on CPU.)"""
+    repeats, output_size = values
+    return output_size is None or repeats.numel() == 0
+
+
+def _repeat_interleave_device_check(repeats, output_size=None) -> list:
+    """With output_size, CPU's two value checks judged on the device, in its order."""
+    return [
+        (jnp.sum(repeats, dtype=jnp.int64) != output_size, RuntimeError,
+         "allocated size does not match required size"),
+        (jnp.any(repeats < 0), RuntimeError, "repeats can not be negative"),
+    ]  # fmt: skip
+
+
+@lower(  # (its meta kernel refuses every call without output_size: our check is CPU's)
+    "repeat_interleave.Tensor",
+    dynamic_shape=_size_unknown,
+    skip_meta=True,
+    check=_check_repeat_interleave,
+    device_check=_repeat_interleave_device_check,
+    device_check_applies=lambda values: not _size_unknown(values),
+)
+def repeat_interleave(repeats, output_size=None):
+    """The indices `repeat_interleave(x, repeats)` gathers with. Given output_size (a
+    compiled graph's call, or a user's) the length is known and nothing syncs, as on
+    CUDA; CPU's checks of it run on the device. Otherwise it is the repeats' sum: one
+    host read (sum and minimum together), as CPU's."""
+    if output_size is not None and repeats.size:
+        return _repeated_positions(repeats, output_size)
+    if repeats.size == 0:  # (CPU's checks, output_size's too, need an element)
+        return jnp.zeros((0,), repeats.dtype)
+    total, smallest = (int(v) for v in _sum_and_min(repeats))
+    if smallest < 0:
+        raise RuntimeError("repeats can not be negative")
+    if total == 0:
+        return jnp.zeros((0,), repeats.dtype)
+    return result_prefix(_bucketed_positions(repeats, _bucket(total)), 0, total)
+
+
 def _check_histc(values: list) -> bool:
     """CPU's refusal of a range that is not finite; with the automatic range (min == max)
     that means reading the data's extremes, as CPU does (one host read): a NaN or inf
