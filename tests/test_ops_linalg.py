@@ -621,3 +621,40 @@ def test_matrix_exp_of_non_finite_and_huge_matrices_is_cpus(value):
     a = torch.tensor([[value, 0.0], [0.0, 1.0]])
     actual = torch.linalg.matrix_exp(a.to("tpu")).cpu()
     torch.testing.assert_close(actual, torch.linalg.matrix_exp(a), equal_nan=True)
+
+
+# offsets with an empty group, covering every row (CPU leaves the rest uninitialised)
+GROUPED_MM = {
+    "rows": ((6, 8), (3, 8, 4), [2, 2, 6]),
+    "contraction": ((8, 8), (8, 4), [3, 3, 8]),
+    "columns": ((3, 6, 8), (8, 8), [3, 3, 8]),
+    "batched": ((3, 6, 8), (3, 8, 4), None),
+}
+
+
+@pytest.mark.parametrize("mode", GROUPED_MM)
+def test_grouped_mm_matches_cpu(mode, no_fallback):
+    """torch._grouped_mm (F.grouped_mm: transformers' default mixture-of-experts layers),
+    forward and backward (whose products are grouped_mm's other modes)."""
+    a_shape, b_shape, ends = GROUPED_MM[mode]
+    offs = None if ends is None else torch.tensor(ends, dtype=torch.int32)
+    a, b = torch.randn(a_shape), torch.randn(b_shape)
+    assert_same(lambda x, y, o: torch._grouped_mm(x, y, offs=o), a, b, offs, **F32)
+    weight = torch.randn(torch._grouped_mm(a, b, offs=offs).shape)  # (CPU's backward
+    # refuses the stride-0 gradient of a plain sum)
+    fn = lambda x, y, o, w: torch._grouped_mm(x, y, offs=o) * w  # noqa: E731
+    assert_same_grad(fn, a, b, offs, weight, **F32)
+
+
+def test_grouped_mm_reads_no_offsets_on_the_host():
+    """Other groups' sizes run the same program, without a host sync (PyTorch's kernel
+    for devices without their own read the offsets and multiplied group by group)."""
+    a, b = torch.randn(6, 8, device="tpu"), torch.randn(3, 8, 4, device="tpu")
+    for ends in ([2, 2, 6], [1, 5, 6]):
+        offs = torch.tensor(ends, dtype=torch.int32, device="tpu")
+        torch_tpu.metrics.reset()
+        got = torch._grouped_mm(a, b, offs=offs)
+        assert torch_tpu.metrics.snapshot().get("host_syncs", 0) == 0
+        cpu = torch._grouped_mm(a.cpu(), b.cpu(), offs=offs.cpu())
+        torch.testing.assert_close(got.cpu(), cpu, **F32)
+    assert torch_tpu.metrics.snapshot().get("compiles", 0) == 0

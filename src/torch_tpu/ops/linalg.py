@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .. import precision
+from .. import dtypes, precision
 from .pointwise import scalar_type_name
 from .registry import lower
 
@@ -87,6 +87,47 @@ def vdot(self, other):
 @lower("addmm.default", "baddbmm.default", "addmv.default")
 def addmm(self, left, right, beta=1, alpha=1):
     return _scale_add(self, _matmul(left, right), beta, alpha)
+
+
+def _check_grouped_mm(values: list) -> bool:
+    """CPU's refusals, here: PyTorch's meta kernel (CUDA's checks) refuses every float32
+    call, so the lowering gives the shapes (skip_meta)."""
+    self, mat2, offs, bias = values[:4]
+    if self.dim() not in (2, 3) or mat2.dim() not in (2, 3):
+        raise RuntimeError("Multiplicands must be 2D or 3D")
+    if (self.dim() == 3 and mat2.dim() == 3) == (offs is not None):
+        raise RuntimeError(
+            "Have to provide offsets if there is a 2d matrix, or no offset if both matrices are 3d"
+        )
+    if offs is not None and offs.dtype != torch.int32:
+        raise RuntimeError("Offsets have to be int32")
+    if (self.dim() == 3 or mat2.dim() == 3) and self.shape[-1] != mat2.shape[-2]:
+        raise RuntimeError("contraction dimension of mat_a and mat_b must match")
+    if bias is not None:
+        raise RuntimeError("Bias not supported yet")
+    return True
+
+
+@lower("_grouped_mm.default", skip_meta=True, check=_check_grouped_mm)
+def grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+    """One program whatever the groups' sizes (PyTorch's kernel for devices without
+    one of their own read `offs` to the host and multiplied group by group: a sync and,
+    in fused mode, a new segment whenever a mixture of experts routed differently).
+    Rows or columns past the last offset are zero (CPU's are left uninitialised)."""
+    dtype = dtypes.TORCH_TO_JAX[out_dtype] if out_dtype is not None else self.dtype
+    if offs is None:  # 3d x 3d: one product per group
+        return _matmul(self, mat2).astype(dtype)
+    if self.ndim == 3:  # groups of mat2's columns: the transposed product's rows
+        return grouped_mm(mat2.T, self.transpose(0, 2, 1), offs, None, out_dtype).T
+    if mat2.ndim == 2:  # groups of the contraction: (groups, m, n)
+        numbers = (([1], [0]), ([], [])), [1], []
+    else:  # groups of self's rows, each with its own matrix of mat2
+        numbers = (([1], [1]), ([], [])), [0], [0]
+    product = lax.ragged_dot_general(
+        self, mat2, jnp.diff(offs, prepend=0), lax.RaggedDotDimensionNumbers(*numbers),
+        precision=precision.matmul(), preferred_element_type=_accumulator(self, mat2),
+    )  # fmt: skip
+    return product.astype(dtype)
 
 
 @lower("addbmm.default")
