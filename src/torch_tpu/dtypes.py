@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -48,6 +49,19 @@ def widen_half(x):
     """A half-precision array widened to float32 for computing (CPU's opmath type);
     any other array, or None, as it is."""
     return x.astype(jnp.float32) if x is not None and x.dtype in HALF_FLOATS else x
+
+
+def rounded_to(x, dtype):
+    """float32 x rounded to the half type dtype, kept in float32: where CPU's kernel
+    rounds between two ops. reduce_precision, since XLA may drop a convert pair's
+    rounding (or fuse the ops); float16's subnormals, which it flushes, go to their
+    spacing apart."""
+    info = jnp.finfo(dtype)
+    rounded = jax.lax.reduce_precision(x, info.nexp, info.nmant)
+    if dtype != jnp.float16:
+        return rounded  # (bfloat16's subnormals are float32's, flushed by XLA anyway)
+    step = float(info.smallest_subnormal)
+    return jnp.where(jnp.abs(x) < info.smallest_normal, jnp.round(x / step) * step, rounded)
 
 
 # numpy has no bfloat16/float8: torch.from_numpy cannot take those, so host

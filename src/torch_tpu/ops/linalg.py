@@ -58,19 +58,6 @@ def _scale_add(self, product, beta, alpha):
     return jnp.where(beta == 0, scaled, scaled + beta * self.astype(product.dtype))
 
 
-def _rounded(x, dtype):
-    """float32 x rounded to the half type dtype, kept in float32: where CPU's kernel
-    rounds between two ops. reduce_precision, since XLA may drop a convert pair's
-    rounding (or fuse the ops); float16's subnormals, which it flushes, go to their
-    spacing apart."""
-    info = jnp.finfo(dtype)
-    rounded = jax.lax.reduce_precision(x, info.nexp, info.nmant)
-    if dtype != jnp.float16:
-        return rounded  # (bfloat16's subnormals are float32's, flushed by XLA anyway)
-    step = float(info.smallest_subnormal)
-    return jnp.where(jnp.abs(x) < info.smallest_normal, jnp.round(x / step) * step, rounded)
-
-
 # ------------------------------------------------------------------ products
 
 
@@ -160,7 +147,7 @@ def addr(self, vec1, vec2, beta=1, alpha=1):
         b, a = (jnp.asarray(s).astype(bool) for s in (beta, alpha))
         return (b & self) | (a & vec1[:, None] & vec2)
     if dtype in (jnp.float16, jnp.bfloat16):
-        wide, step = jnp.float32, functools.partial(_rounded, dtype=dtype)
+        wide, step = jnp.float32, functools.partial(dtypes.rounded_to, dtype=dtype)
     else:
         wide, step = dtype, lambda x: x
     b, a, x, v1, v2 = (step(jnp.asarray(v).astype(wide)) for v in (beta, alpha, self, vec1, vec2))
@@ -190,7 +177,7 @@ def linalg_cross(self, other, dim=-1):
     # rounds again; XLA would compute it all in float32 and round once
 
     def product(x, y):
-        return _rounded(x.astype(jnp.float32) * y.astype(jnp.float32), self.dtype)
+        return dtypes.rounded_to(x.astype(jnp.float32) * y.astype(jnp.float32), self.dtype)
 
     return (product(*first) - product(*second)).astype(self.dtype)
 
