@@ -674,6 +674,18 @@ def _sqrt(z):
     return lax.complex(re, im)
 
 
+def _expm1(z):
+    """expm1; complex z as expm1(x) cos(y) - 2 sin(y/2)^2 + i exp(x) sin(y), as CPU's:
+    XLA's real part cancelled near y = 2 pi k for a small x (2% off at expm1(-5.4e-7 -
+    6.2833j))."""
+    if not _is_complex(z):
+        return jnp.expm1(z)
+    x, y = z.real, z.imag
+    half_sine = jnp.sin(0.5 * y)
+    real = jnp.expm1(x) * jnp.cos(y) - 2 * half_sine * half_sine
+    return lax.complex(real, jnp.exp(x) * jnp.sin(y))
+
+
 def _tan(z):
     """tan; for complex z, a real z (y = +-0) keeps its zero imaginary part, as C99's (and
     CPU's) do: tan(inf + 0j) is NaN + 0j, where XLA's gave NaN + NaN j."""
@@ -953,7 +965,7 @@ def _times_hyperbolic(c, t, near, cosine: bool, odd: bool = False):
 _FLOAT_FUNCTIONS = {
     "exp": _exp,
     "exp2": _exp2,
-    "expm1": jnp.expm1,
+    "expm1": _expm1,
     "log": jnp.log,
     "log2": jnp.log2,
     "log10": jnp.log10,
