@@ -92,7 +92,7 @@ def _check_grouped_mm(values: list) -> bool:
         raise RuntimeError("contraction dimension of mat_a and mat_b must match")
     if bias is not None:
         raise RuntimeError("Bias not supported yet")
-    return True
+    return False  # (ranks, dtypes and bias are part of the key: repeat calls keep the fast path)
 
 
 @lower("_grouped_mm.default", skip_meta=True, check=_check_grouped_mm)
@@ -210,6 +210,11 @@ def _first_failure(failed):
     return jnp.where(failed.any(-1), jnp.argmax(failed, axis=-1) + 1, 0).astype(jnp.int32)
 
 
+def _adjoint(a):
+    """The conjugate transpose of a batch of matrices."""
+    return jnp.conj(jnp.swapaxes(a, -1, -2))
+
+
 def _singular_info(lu):
     """LAPACK's info: 1 + the first zero pivot of U, or 0 when A is invertible."""
     return _first_failure(jnp.diagonal(lu, axis1=-2, axis2=-1) == 0)
@@ -238,7 +243,7 @@ def _solve_sided(lu, perm, b, left, adjoint):
         return _lu_solve(lu, perm, b, "C" if adjoint else "N")
     bt = jnp.swapaxes(b, -1, -2)
     if adjoint:  # X A^H = B  <=>  A X^H = B^H
-        return jnp.conj(jnp.swapaxes(_lu_solve(lu, perm, jnp.conj(bt)), -1, -2))
+        return _adjoint(_lu_solve(lu, perm, jnp.conj(bt)))
     return jnp.swapaxes(_lu_solve(lu, perm, bt, "T"), -1, -2)
 
 
@@ -381,7 +386,7 @@ def _cholesky(a, upper):
     if a.size == 0:  # nothing to factor; LAPACK has no half-precision kernel to call
         return a
     L = jax.lax.linalg.cholesky(a, symmetrize_input=False)
-    return jnp.conj(jnp.swapaxes(L, -1, -2)) if upper else L
+    return _adjoint(L) if upper else L
 
 
 def _cholesky_info(a):
@@ -391,7 +396,7 @@ def _cholesky_info(a):
     lower triangle, only carrying on past a failed pivot to reach the rest."""
     n = a.shape[-1]
     strict = jnp.tril(a, -1)
-    work = strict + jnp.conj(jnp.swapaxes(strict, -1, -2)) + jnp.tril(jnp.triu(a))
+    work = strict + _adjoint(strict) + jnp.tril(jnp.triu(a))
     rows = jnp.arange(n)
 
     def step(k, state):
@@ -629,10 +634,6 @@ def _check_lstsq(values: list) -> bool:
         f"parameter `driver` should be one of ({', '.join(_LSTSQ_DRIVERS)})",
     )
     return False
-
-
-def _adjoint(a):
-    return jnp.conj(jnp.swapaxes(a, -1, -2))
 
 
 def _lstsq_svd(A, B, rcond):

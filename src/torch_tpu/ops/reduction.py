@@ -463,7 +463,7 @@ def _check_one_value(values: list) -> bool:
     if count != 1:
         amount = "no values" if count == 0 else "more than one value"
         raise RuntimeError(f"Boolean value of Tensor with {amount} is ambiguous")
-    return True
+    return False  # (the shape is part of the key: repeat calls keep the fast path)
 
 
 def _zero_device_check(self, assert_msg=None) -> list:
